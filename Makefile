@@ -1,0 +1,46 @@
+# The only two setup commands: `make run` and `make test`. Both create/refresh a project-local
+# .venv from the pinned requirements.lock (torch 2.13.0 CPU from the local wheel), install the
+# Mesa libraries that headless MuJoCo rendering needs, then do their job.
+PY      ?= python3.11
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+SYSSTAMP := $(VENV)/.system-deps
+MESA_PKGS := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6
+export MUJOCO_GL ?= egl
+export PYOPENGL_PLATFORM ?= egl
+
+.PHONY: install run test bench clean system-deps
+
+install: $(STAMP) $(SYSSTAMP)
+
+$(VENV)/bin/python:
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+$(STAMP): requirements.lock pyproject.toml | $(VENV)/bin/python
+	$(VPY) -m pip install -q -r requirements.lock
+	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# Mesa for headless MuJoCo (EGL / OSMesa). Only calls apt-get when something is missing.
+$(SYSSTAMP): | $(VENV)/bin/python
+	@missing=""; for p in $(MESA_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	touch $@
+
+run: install
+	$(VPY) 1_e2e_inference.py
+
+test: install
+	$(VPY) -m pytest -q -ra tests
+
+bench: install
+	$(VPY) bench/sampling.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,50 @@
+"""Convert an openpi JAX pi0 checkpoint into a PyTorch ``PI0Policy`` directory (safetensors).
+
+Adds: exact weight conversion. The config is inferred from parameter shapes; flags may override it.
+
+    pip install -e '.[convert]'      # CPU jax + orbax-checkpoint, only needed here
+    python convert_pi0_to_hf_lerobot.py --checkpoint_dir <openpi ckpt>/params --output_path ckpts/pi0_libero \
+        [--tokenizer paligemma_tokenizer.model] [--norm_stats PATH] [--dtype bfloat16]
+
+Writes model.safetensors + config.json + norm_stats.json + tokenizer.model; load it with
+``PI0Policy.from_pretrained(output_path)``. (Single process; no torchrun needed.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from pi0.conversion import convert_checkpoint
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """CLI config."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint_dir", required=True, help="openpi <ckpt>/params (orbax)")
+    p.add_argument("--output_path", required=True, help="output PI0Policy directory")
+    p.add_argument("--norm_stats", default=None, help="norm_stats.json (default: <ckpt>/assets/*/norm_stats.json)")
+    p.add_argument("--tokenizer", default=None, help="PaliGemma sentencepiece model (local path)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--action_horizon", type=int, default=None, help="override (not inferable from shapes)")
+    p.add_argument("--max_token_len", type=int, default=None, help="override (default 48)")
+    p.add_argument("--delta_action_dims", type=int, default=None,
+                   help="leading action dims that are deltas (default: 6 for the LIBERO asset, else 0)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the conversion."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    args = parse_args(argv)
+    overrides = {k: v for k in ("action_horizon", "max_token_len") if (v := getattr(args, k)) is not None}
+    t0 = time.perf_counter()
+    out = convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
+                             tokenizer=args.tokenizer, dtype=args.dtype, delta_action_dims=args.delta_action_dims,
+                             **overrides)
+    print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""openpi JAX checkpoint (orbax params) -> PyTorch ``PI0Policy`` directory, with a strict key map.
+
+The key map is a pure function of numpy arrays (``convert_params``); reading orbax needs the optional
+``convert`` extra (CPU JAX + orbax-checkpoint) and happens only in ``read_orbax_params``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from pi0.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, Pi0Config, SiglipConfig
+
+log = logging.getLogger(__name__)
+
+Flat = dict[str, np.ndarray]
+VT = "paligemma_with_expert.paligemma.vision_tower.vision_model."
+MMP = "paligemma_with_expert.paligemma.multi_modal_projector.linear."
+GEMMA_PREFIX = ("paligemma_with_expert.paligemma.language_model.model.", "paligemma_with_expert.gemma_expert.model.")
+HEADS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def flatten_tree(tree: dict[str, Any], prefix: str = "") -> Flat:
+    """Nested dict -> {"a/b/c": np.ndarray}; a trailing "value" level (nnx State) is stripped."""
+    out: Flat = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flatten_tree(v, f"{prefix}{k}/"))
+        else:
+            key = f"{prefix}{k}"
+            out[key.removesuffix("/value")] = np.asarray(v)
+    return out
+
+
+def read_orbax_params(params_dir: str | Path) -> Flat:
+    """Read openpi's ``<ckpt>/params`` orbax PyTree -> flat {openpi key: float32/bf16 array}."""
+    params_dir = Path(params_dir)
+    if not params_dir.is_dir():
+        raise FileNotFoundError(f"openpi params directory {params_dir} does not exist (pass <ckpt>/params)")
+    if not (params_dir / "_METADATA").exists() and (params_dir / "params" / "_METADATA").exists():
+        params_dir = params_dir / "params"
+    if not (params_dir / "_METADATA").exists():
+        raise FileNotFoundError(f"{params_dir} is not an orbax checkpoint (no _METADATA); pass <ckpt>/params")
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:
+        raise ImportError("reading openpi checkpoints needs the optional extra: pip install -e '.[convert]' "
+                          "(CPU jax + orbax-checkpoint)") from e
+    tree = ocp.PyTreeCheckpointer().restore(str(params_dir.resolve()))
+    tree = tree.get("params", tree)
+    return flatten_tree(tree)
+
+
+# ---------------------------------------------------------------------------------------------- config
+def _match(table: dict[str, tuple], values: tuple) -> str:
+    """Name of the variant in ``table`` with exactly these sizes, else 'custom'."""
+    return next((name for name, v in table.items() if tuple(v) == values), "custom")
+
+
+def _gemma_from(flat: Flat, s: str) -> GemmaConfig:
+    """Gemma sizes from one expert's tensors (suffix s = '' or '_1')."""
+    a = "PaliGemma/llm/layers/attn/"
+    q = flat[f"{a}q_einsum{s}/w"]  # (L, N, D, H)
+    if f"{a}kv_einsum{s}/w" in flat:
+        kv_heads = flat[f"{a}kv_einsum{s}/w"].shape[2]
+    else:
+        kv_heads = q.shape[1]
+    depth, heads, width, head_dim = q.shape
+    mlp = flat[f"PaliGemma/llm/layers/mlp{s}/gating_einsum"].shape[-1]
+    sizes = (width, depth, mlp, heads, kv_heads, head_dim)
+    return GemmaConfig(*sizes, variant=_match(GEMMA_VARIANTS, sizes))
+
+
+def infer_config(flat: Flat, **overrides: Any) -> Pi0Config:
+    """Full Pi0Config from parameter shapes; ``overrides`` (e.g. action_horizon) win."""
+    try:
+        img = "PaliGemma/img/"
+        kernel = flat[f"{img}embedding/kernel"]  # (p, p, 3, W)
+        patch, width = kernel.shape[0], kernel.shape[3]
+        n_pos = flat[f"{img}pos_embedding"].shape[1]
+        blk = f"{img}Transformer/encoderblock/"
+        depth = flat[f"{blk}LayerNorm_0/scale"].shape[0]
+        mlp = flat[f"{blk}MlpBlock_0/Dense_0/kernel"].shape[-1]
+        heads = flat[f"{blk}MultiHeadDotProductAttention_0/query/kernel"].shape[2]
+        base = _match(SIGLIP_VARIANTS, (width, depth, mlp, heads))
+        vision = SiglipConfig(width, depth, mlp, heads, patch_size=patch, image_size=int(math.isqrt(n_pos)) * patch,
+                              variant=f"{base}/{patch}" if base != "custom" else "custom")
+        vocab = flat["PaliGemma/llm/embedder/input_embedding"].shape[0]
+        cfg = dict(paligemma=_gemma_from(flat, ""), action_expert=_gemma_from(flat, "_1"), vision=vision,
+                   vocab_size=vocab, action_dim=flat["action_in_proj/kernel"].shape[0])
+    except KeyError as e:
+        raise ValueError(f"not a pi0 checkpoint: missing parameter {e.args[0]!r}") from e
+    cfg.update(overrides)
+    return Pi0Config(**cfg)
+
+
+# ---------------------------------------------------------------------------------------------- key map
+def _dense(kernel: np.ndarray) -> np.ndarray:
+    """flax Dense kernel (in, out) -> torch Linear weight (out, in)."""
+    return kernel.T
+
+
+def _siglip_rules(cfg: Pi0Config) -> Iterator[tuple[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]]:
+    """(openpi key, fn(array) -> (torch key, array)...) for the vision tower and projector."""
+    img, blk, lay = "PaliGemma/img/", "PaliGemma/img/Transformer/encoderblock/", VT + "encoder.layers.{}."
+    one = lambda name, f=lambda a: a: lambda a: iter([(name, f(a))])  # noqa: E731
+    per_layer = lambda name, f=lambda a: a: lambda a: ((name.format(i), f(x)) for i, x in enumerate(a))  # noqa
+    yield f"{img}embedding/kernel", one(VT + "embeddings.patch_embedding.weight", lambda a: a.transpose(3, 2, 0, 1))
+    yield f"{img}embedding/bias", one(VT + "embeddings.patch_embedding.bias")
+    yield f"{img}pos_embedding", one(VT + "embeddings.position_embedding.weight", lambda a: a[0])
+    yield f"{img}Transformer/encoder_norm/scale", one(VT + "post_layernorm.weight")
+    yield f"{img}Transformer/encoder_norm/bias", one(VT + "post_layernorm.bias")
+    yield f"{img}head/kernel", one(MMP + "weight", _dense)
+    yield f"{img}head/bias", one(MMP + "bias")
+    for flax, ours in (("LayerNorm_0", "layer_norm1"), ("LayerNorm_1", "layer_norm2")):
+        yield f"{blk}{flax}/scale", per_layer(lay + ours + ".weight")
+        yield f"{blk}{flax}/bias", per_layer(lay + ours + ".bias")
+    for flax, ours in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
+        yield f"{blk}MlpBlock_0/{flax}/kernel", per_layer(lay + f"mlp.{ours}.weight", _dense)
+        yield f"{blk}MlpBlock_0/{flax}/bias", per_layer(lay + f"mlp.{ours}.bias")
+    mha = f"{blk}MultiHeadDotProductAttention_0/"
+    for flax, ours in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+        # (W, N, H) -> (N*H, W)
+        yield f"{mha}{flax}/kernel", per_layer(lay + f"self_attn.{ours}.weight", lambda a: a.reshape(a.shape[0], -1).T)
+        yield f"{mha}{flax}/bias", per_layer(lay + f"self_attn.{ours}.bias", lambda a: a.reshape(-1))
+    # (N, H, W) -> (W, N*H)
+    yield f"{mha}out/kernel", per_layer(lay + "self_attn.out_proj.weight", lambda a: a.reshape(-1, a.shape[-1]).T)
+    yield f"{mha}out/bias", per_layer(lay + "self_attn.out_proj.bias")
+
+
+def _gemma_rules(expert: int) -> Iterator[tuple[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]]:
+    """Rules for one Gemma expert (0 = VLM, 1 = action expert, whose openpi names end in ``_1``)."""
+    s = "" if expert == 0 else "_1"
+    pre, llm = GEMMA_PREFIX[expert], "PaliGemma/llm/"
+    lay = pre + "layers.{}."
+
+    def per_layer(fn: Callable[[np.ndarray], list[tuple[str, np.ndarray]]]):
+        return lambda a: ((lay.format(i) + name, t) for i, x in enumerate(a) for name, t in fn(x))
+
+    def q(w):  # (N, D, H) -> (N*H, D)
+        return [("self_attn.q_proj.weight", w.transpose(0, 2, 1).reshape(-1, w.shape[1]))]
+
+    def kv(w):  # (2, K, D, H) -> k, v (K*H, D)
+        return [(f"self_attn.{n}_proj.weight", w[j].transpose(0, 2, 1).reshape(-1, w.shape[2]))
+                for j, n in enumerate("kv")]
+
+    def qkv(w):  # (3, N, D, H) -> q, k, v (N*H, D)
+        return [(f"self_attn.{n}_proj.weight", w[j].transpose(0, 2, 1).reshape(-1, w.shape[2]))
+                for j, n in enumerate("qkv")]
+
+    if expert == 0:
+        yield f"{llm}embedder/input_embedding", lambda a: iter([(pre + "embed_tokens.weight", a)])
+    yield f"{llm}final_norm{s}/scale", lambda a: iter([(pre + "norm.weight", a)])
+    yield f"{llm}layers/pre_attention_norm{s}/scale", per_layer(lambda x: [("input_layernorm.weight", x)])
+    yield f"{llm}layers/pre_ffw_norm{s}/scale", per_layer(lambda x: [("post_attention_layernorm.weight", x)])
+    yield f"{llm}layers/attn/q_einsum{s}/w", per_layer(q)
+    yield f"{llm}layers/attn/kv_einsum{s}/w", per_layer(kv)
+    yield f"{llm}layers/attn/qkv_einsum{s}/w", per_layer(qkv)
+    # (N, H, D) -> (D, N*H)
+    yield f"{llm}layers/attn/attn_vec_einsum{s}/w", per_layer(
+        lambda w: [("self_attn.o_proj.weight", w.reshape(-1, w.shape[-1]).T)])
+    yield f"{llm}layers/mlp{s}/gating_einsum", per_layer(
+        lambda w: [("mlp.gate_proj.weight", w[0].T), ("mlp.up_proj.weight", w[1].T)])
+    yield f"{llm}layers/mlp{s}/linear", per_layer(lambda w: [("mlp.down_proj.weight", w.T)])
+
+
+def key_rules(cfg: Pi0Config) -> dict[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]:
+    """Every openpi key that pi0 knows -> a function producing (torch key, tensor) pairs."""
+    rules = dict(_siglip_rules(cfg))
+    rules.update(_gemma_rules(0))
+    rules.update(_gemma_rules(1))
+    for head in HEADS:
+        rules[f"{head}/kernel"] = lambda a, h=head: iter([(f"{h}.weight", _dense(a))])
+        rules[f"{head}/bias"] = lambda a, h=head: iter([(f"{h}.bias", a)])
+    return rules
+
+
+def convert_params(flat: Flat, cfg: Pi0Config, expected: dict[str, tuple[int, ...]] | None = None) -> Flat:
+    """openpi flat params -> torch state dict (keys of ``PI0Model``), strictly.
+
+    An openpi key with no rule, a torch key produced twice, a torch key of ``expected`` left unset,
+    or a shape that differs from ``expected`` raises ValueError naming the key.
+    """
+    rules = key_rules(cfg)
+    unknown = sorted(k for k in flat if k not in rules)
+    if unknown:
+        raise ValueError(f"unknown openpi parameter(s) {unknown[:10]} (total {len(unknown)}): this converter "
+                         f"handles pi0 checkpoints; is this another model (pi0-FAST, pi05)?")
+    out: Flat = {}
+    for key, arr in flat.items():
+        for tkey, t in rules[key](np.asarray(arr)):
+            if tkey in out:
+                raise ValueError(f"torch key {tkey} produced twice (second time from {key})")
+            out[tkey] = np.ascontiguousarray(t)
+    if expected is not None:
+        unused = sorted(set(expected) - set(out))
+        extra = sorted(set(out) - set(expected))
+        if unused or extra:
+            raise ValueError(f"checkpoint/model mismatch: model keys never set {unused[:10]}; "
+                             f"converted keys the model lacks {extra[:10]}")
+        for k, shape in expected.items():
+            if tuple(out[k].shape) != tuple(shape):
+                raise ValueError(f"shape mismatch for {k}: converted {tuple(out[k].shape)} vs model {tuple(shape)} "
+                                 f"(does the config match the checkpoint? drop variant overrides to infer it)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def find_norm_stats(params_dir: Path) -> Path | None:
+    """openpi keeps norm stats in <ckpt>/assets/<asset_id>/norm_stats.json next to <ckpt>/params."""
+    hits = sorted(glob.glob(str(params_dir.resolve().parent / "assets" / "**" / "norm_stats.json"), recursive=True))
+    if len(hits) > 1:
+        log.warning("several norm_stats.json found, using %s (pass --norm_stats to choose): %s", hits[0], hits)
+    return Path(hits[0]) if hits else None
+
+
+# Asset ids whose openpi data config predicts delta actions for the leading dims (AbsoluteActions on output).
+DELTA_ACTION_DIMS_BY_ASSET = {"physical-intelligence/libero": 6}
+
+
+def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm_stats: str | Path | None = None,
+                       tokenizer: str | Path | None = None, dtype: str = "float32",
+                       delta_action_dims: int | None = None, **config_overrides: Any) -> Path:
+    """Convert ``<ckpt>/params`` into a ``PI0Policy`` directory; every input is checked before heavy work."""
+    from pi0.modeling_pi0 import PI0Model, PI0Policy, PolicyConfig  # local import: avoid a cycle
+    from pi0.normalize import load_norm_stats
+    from pi0.tokenizer import PaligemmaTokenizer, build_tokenizer_model
+
+    params_dir = Path(checkpoint_dir)
+    if not params_dir.exists():
+        raise FileNotFoundError(f"--checkpoint_dir {params_dir} does not exist (expected openpi's <ckpt>/params)")
+    ns_path = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
+    if ns_path is None:
+        raise FileNotFoundError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
+                                f"pass --norm_stats PATH")
+    stats = load_norm_stats(ns_path)
+    if tokenizer is not None and not Path(tokenizer).is_file():
+        raise FileNotFoundError(f"--tokenizer {tokenizer} does not exist")
+    if delta_action_dims is None:
+        asset_id = "/".join(ns_path.resolve().parent.parts[-2:])
+        delta_action_dims = DELTA_ACTION_DIMS_BY_ASSET.get(asset_id, 0)
+    flat = read_orbax_params(params_dir)
+    cfg = infer_config(flat, dtype=dtype, **config_overrides)
+    log.info("inferred config: %s", cfg)
+    with torch.device("meta"):
+        model = PI0Model(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = convert_params(flat, cfg, expected)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for k, t in model.state_dict().items():
+            t.copy_(torch.from_numpy(np.array(state[k], dtype=np.float32)))
+    model = model.float()
+    output_path = Path(output_path)
+    output_path.mkdir(parents=True, exist_ok=True)
+    if tokenizer is None:
+        log.warning("no --tokenizer given: writing a small offline stand-in tokenizer; pass PaliGemma's "
+                    "sentencepiece model for real checkpoints")
+        tokenizer = build_tokenizer_model(output_path / "tokenizer.model")
+    pol_cfg = PolicyConfig(model=dataclasses.replace(cfg, dtype="float32"), delta_action_dims=delta_action_dims)
+    policy = PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tokenizer, cfg.max_token_len), model)
+    policy.save_pretrained(output_path, dtype=dtype)
+    return output_path
