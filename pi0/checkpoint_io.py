@@ -55,7 +55,7 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{path} is corrupt or truncated ({e}): re-convert or re-copy it") from e
+        raise ValueError(f"{path} is truncated or corrupt ({e}): re-convert or re-copy it") from e
 
 
 def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: object = "state dict") -> None:

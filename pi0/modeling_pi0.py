@@ -399,18 +399,21 @@ class PI0Policy(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        dtype: str | None = None, **overrides: Any) -> "PI0Policy":
-        """Load a directory written by ``save_pretrained`` / the converter. ``overrides`` patch PolicyConfig."""
+                        **overrides: Any) -> "PI0Policy":
+        """Load a directory written by ``save_pretrained`` / the converter.
+
+        ``overrides`` patch config.json: PolicyConfig fields (n_action_steps, num_steps, ...) or Pi0Config
+        fields (dtype="bfloat16", attn_implementation="sdpa", ...).
+        """
         directory = Path(directory)
         files = checkpoint_io.check_policy_dir(directory)
         try:
             cfg_dict = json.loads(files["config.json"].read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{files['config.json']} is not valid JSON: {e}") from e
-        cfg_dict.update(overrides)
-        if dtype is not None:
-            cfg_dict.setdefault("model", {})
-            cfg_dict["model"] = {**cfg_dict["model"], "dtype": dtype}
+        model_fields = {f.name for f in dataclasses.fields(Pi0Config)}
+        cfg_dict["model"] = {**cfg_dict.get("model", {}), **{k: v for k, v in overrides.items() if k in model_fields}}
+        cfg_dict.update({k: v for k, v in overrides.items() if k not in model_fields})
         config = PolicyConfig.from_dict(cfg_dict)
         norm_stats = load_norm_stats(files["norm_stats.json"])
         tokenizer = PaligemmaTokenizer(files["tokenizer.model"], config.model.max_token_len)

@@ -1,0 +1,76 @@
+"""Stage 1: end-to-end pi0 inference (images + prompt + state -> a 50-step action chunk).
+
+Adds: the pi0 model itself. With no arguments it runs the embedded default, a tiny random pi0 with an
+offline-built tokenizer (no download); with --checkpoint it runs converted real weights.
+
+    python 1_e2e_inference.py                                   # tiny embedded default (what `make run` runs)
+    python 1_e2e_inference.py --checkpoint ckpts/pi0_libero --dtype bfloat16 --device cuda
+    torchrun --nproc_per_node 2 1_e2e_inference.py              # each rank runs its own batch (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pi0.modeling_pi0 import PI0Policy
+from pi0.presets import synthetic_observation, tiny_policy
+
+
+@dataclass
+class Config:
+    """Stage 1 options."""
+
+    checkpoint: str | None = None  # PI0Policy directory; None = tiny embedded default
+    device: str = "cpu"
+    dtype: str | None = None  # "float32" | "bfloat16"; None = as saved
+    batch_size: int = 1
+    num_steps: int = 10
+    prompt: str = "pick up the black bowl and place it on the plate"
+    seed: int = 0
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """argparse over the Config fields."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in vars(Config()).items():
+        p.add_argument(f"--{name}", type=type(default) if default is not None else str, default=default)
+    return Config(**vars(p.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> np.ndarray:
+    """Load (or build) a policy, run one action chunk, print it and the time taken."""
+    cfg = parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    torch.manual_seed(cfg.seed + rank)
+    t0 = time.perf_counter()
+    overrides = {"num_steps": cfg.num_steps} | ({"dtype": cfg.dtype} if cfg.dtype else {})
+    if cfg.checkpoint:
+        policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides)
+    else:
+        policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps).to(cfg.device)
+    load_s = time.perf_counter() - t0
+    obs = synthetic_observation(policy, cfg.batch_size, seed=cfg.seed + rank, prompt=cfg.prompt)
+    policy.predict_action_chunk(obs)  # warm-up
+    if cfg.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    actions = policy.predict_action_chunk(obs)
+    if cfg.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    infer_s = time.perf_counter() - t1
+    np.set_printoptions(precision=4, suppress=True, linewidth=120)
+    print(f"[rank {rank}] policy: {cfg.checkpoint or 'tiny embedded default'} ({policy.config.model.dtype}); "
+          f"load {load_s:.2f}s")
+    print(f"[rank {rank}] action chunk {tuple(actions.shape)} (first 5 steps):\n{actions[0, :5].numpy()}")
+    print(f"[rank {rank}] inference: {infer_s * 1000:.1f} ms for batch {cfg.batch_size}, {cfg.num_steps} Euler steps")
+    return actions.numpy()
+
+
+if __name__ == "__main__":
+    main()

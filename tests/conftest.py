@@ -1,0 +1,55 @@
+"""Shared fixtures: paths to ../shared, a converted tiny openpi checkpoint, a tiny random policy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+GOLDEN = SHARED / "golden"
+PI0_TINY = GOLDEN / "openpi_pi0_tiny"
+LIBERO_TINY = GOLDEN / "openpi_libero_policy_tiny"
+CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"shared fixture {path} is missing (tests need ../shared beside the repo)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pi0_reference() -> dict[str, np.ndarray]:
+    """openpi's reference outputs on the tiny model."""
+    return dict(np.load(_need(PI0_TINY / "reference.npz")))
+
+
+@pytest.fixture(scope="session")
+def converted_tiny(tmp_path_factory) -> Path:
+    """The shared openpi tiny checkpoint converted once per session (float32)."""
+    from pi0.conversion import convert_checkpoint
+
+    out = tmp_path_factory.mktemp("converted") / "pi0_tiny"
+    return convert_checkpoint(_need(PI0_TINY / "checkpoint" / "params"), out,
+                              tokenizer=_need(LIBERO_TINY / "tokenizer.model"))
+
+
+def model_inputs(ref: dict[str, np.ndarray]) -> dict[str, object]:
+    """Reference arrays -> sample_actions / forward keyword arguments."""
+    return dict(
+        images=[torch.from_numpy(ref[f"image/{k}"]).permute(0, 3, 1, 2) for k in CAMERAS],
+        img_masks=[torch.from_numpy(ref[f"image_mask/{k}"]) for k in CAMERAS],
+        lang_tokens=torch.from_numpy(ref["tokenized_prompt"]).long(),
+        lang_masks=torch.from_numpy(ref["tokenized_prompt_mask"]),
+        state=torch.from_numpy(ref["state"]),
+    )
