@@ -361,9 +361,9 @@ class PI0Policy(nn.Module):
         model_actions = self.model.sample_actions(inp["images"], inp["img_masks"], inp["lang_tokens"],
                                                   inp["lang_masks"], inp["state"], noise, self.config.num_steps)
         self.model.train(was_training)
-        actions = self.postprocess_actions(model_actions, inp["state"]).to(torch.float32)
-        return dict(actions=actions, model_actions=model_actions, noise=noise, state=inp["state"],
-                    lang_tokens=inp["lang_tokens"], lang_masks=inp["lang_masks"])
+        actions = self.postprocess_actions(model_actions, inp["state"])
+        return dict(actions=actions.to(torch.float32), actions_f64=actions, model_actions=model_actions,
+                    noise=noise, state=inp["state"], lang_tokens=inp["lang_tokens"], lang_masks=inp["lang_masks"])
 
     def reset(self) -> None:
         """Clear the action queue (call at every episode start)."""
