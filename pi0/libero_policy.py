@@ -69,5 +69,6 @@ class Pi0ChunkPolicy:
         out = self.policy.predict_action_chunk_with_info(observation, noise)
         extras = {"image": arrays["image"], "wrist_image": arrays["wrist_image"], "state_raw": arrays["state"],
                   "state": out["state"].cpu().numpy(), "model_actions": out["model_actions"].cpu().numpy(),
-                  "noise": out["noise"].cpu().numpy()}
+                  "noise": out["noise"].cpu().numpy(), "tokenized_prompt": out["lang_tokens"].cpu().numpy(),
+                  "tokenized_prompt_mask": out["lang_masks"].cpu().numpy()}
         return PolicyOutput(actions=out["actions_f64"].numpy(), extras=extras)
