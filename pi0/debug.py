@@ -129,3 +129,50 @@ def format_report(first: Divergence | None, rows: list[Divergence]) -> str:
         lines.append(f"FIRST DIVERGENCE: stage '{first.stage}', key '{first.key}', decision {first.first_decision}, "
                      f"max abs diff {first.max_abs_diff:.3e}")
     return "\n".join(lines)
+
+
+def _to_uint8_hwc(img_chw: np.ndarray) -> np.ndarray:
+    """(3, H, W) float in [-1, 1] -> (H, W, 3) uint8 for viewing."""
+    return np.clip((np.transpose(img_chw, (1, 2, 0)) + 1.0) * 127.5 + 0.5, 0, 255).astype(np.uint8)
+
+
+def save_observation_pipeline(out_dir: str | Path, policy: Any, env_obs: dict[str, np.ndarray], prompt: str
+                              ) -> dict[str, Any]:
+    """Save every step of the pi0 LIBERO observation pipeline for one raw observation; returns a summary.
+
+    Writes raw (as rendered) / upright / processed (224, padded) / model-input images per camera, a
+    side-by-side ``pipeline.png`` and ``pipeline.json`` (state at each step, tokens and their pieces, masks).
+    """
+    from pi0.libero_policy import construct_pi0_observation  # local: keeps pi0.debug free of torch at import
+    from pi0.transforms import libero_state, rotate_180
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    observation, client = construct_pi0_observation(env_obs, prompt)
+    inp = policy.prepare_inputs(observation)
+    rows = []
+    cams = (("agentview_image", "image", 0), ("robot0_eye_in_hand_image", "wrist_image", 1))
+    for raw_key, client_key, cam_idx in cams:
+        raw = np.asarray(env_obs[raw_key])
+        stages = {"raw": raw, "upright": rotate_180(raw), "processed": client[client_key][0],
+                  "model_input": _to_uint8_hwc(inp["images"][cam_idx][0].cpu().numpy())}
+        for name, img in stages.items():
+            Image.fromarray(img).save(out / f"{client_key}_{name}.png")
+        h = max(x.shape[0] for x in stages.values())
+        rows.append(np.concatenate([np.pad(x, ((0, h - x.shape[0]), (0, 4), (0, 0))) for x in stages.values()], 1))
+    Image.fromarray(np.concatenate(rows, 0)).save(out / "pipeline.png")
+    ids = inp["lang_tokens"][0].tolist()
+    n_tok = int(inp["lang_masks"][0].sum())
+    summary = {
+        "prompt": prompt,
+        "raw_state": {k: np.asarray(env_obs[k]).tolist() for k in ("robot0_eef_pos", "robot0_eef_quat",
+                                                                     "robot0_gripper_qpos")},
+        "client_state_8": libero_state(env_obs["robot0_eef_pos"], env_obs["robot0_eef_quat"],
+                                       env_obs["robot0_gripper_qpos"]).tolist(),
+        "model_state_32": inp["state"][0].tolist(),
+        "tokens": ids[:n_tok], "token_pieces": [policy.tokenizer.sp.id_to_piece(i) for i in ids[:n_tok]],
+        "num_tokens": n_tok, "max_token_len": len(ids),
+        "image_masks": {k: bool(m[0]) for k, m in zip(policy.config.image_keys, inp["img_masks"])},
+    }
+    (out / "pipeline.json").write_text(json.dumps(summary, indent=2))
+    return summary
