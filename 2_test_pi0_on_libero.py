@@ -1,0 +1,79 @@
+"""Stage 2: evaluate pi0 on the real LIBERO benchmark (success rate per task and suite, videos, debug sessions).
+
+Adds: closed-loop evaluation on LIBERO through openpi's exact pi0_libero pipeline, with subprocess env workers
+and batched inference (the shared runner core). Default policy: the tiny embedded model (its success rate is 0;
+it exercises the whole path). Results go to <out_dir>/results.json, videos to <out_dir>/videos/.
+
+    MUJOCO_GL=egl .venv/bin/python 2_test_pi0_on_libero.py --suite libero_spatial --task_ids 0 1 --num_trials 2
+    MUJOCO_GL=egl .venv/bin/python 2_test_pi0_on_libero.py --checkpoint ckpts/pi0_libero --suite libero_10 \
+        --num_trials 50 --num_envs 4 --device cuda --debug
+    # several GPUs / nodes: each rank evaluates its share of the tasks and writes <out_dir>/rank<k>/results.json
+    torchrun --nproc_per_node 4 2_test_pi0_on_libero.py --checkpoint ckpts/pi0_libero --suite libero_90
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
+from pi0.modeling_pi0 import PI0Policy  # noqa: E402
+from pi0.presets import tiny_policy  # noqa: E402
+
+
+@dataclass
+class Config:
+    """Stage 2 options: the policy plus pi0.eval.EvalConfig."""
+
+    checkpoint: str = ""  # PI0Policy directory; "" = tiny embedded default
+    device: str = "cpu"
+    dtype: str = ""  # "" = as saved; "float32" | "bfloat16"
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """Flags mirror Config and EvalConfig fields."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default="")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="", choices=["", "float32", "bfloat16"])
+    e = EvalConfig()
+    p.add_argument("--suite", default=e.suite)
+    p.add_argument("--task_ids", type=int, nargs="*", default=None, help="default: every task of the suite")
+    for name in ("num_trials", "num_envs", "replan_steps", "num_videos", "seed"):
+        p.add_argument(f"--{name}", type=int, default=getattr(e, name))
+    p.add_argument("--max_steps", type=int, default=None)
+    p.add_argument("--out_dir", default=e.out_dir)
+    p.add_argument("--debug", action="store_true", help="write a debug session per task (see compare_debug_sessions)")
+    a = vars(p.parse_args(argv))
+    top = {k: a.pop(k) for k in ("checkpoint", "device", "dtype")}
+    return Config(**top, eval=EvalConfig(**a))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Check the request, load the policy, evaluate, print the table."""
+    cfg = parse_args(argv)
+    ev = cfg.eval
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    tasks = [t for t, _, _ in check_tasks(ev.suite, ev.task_ids, ev.num_trials)]  # fail fast, before loading
+    if world > 1:  # each rank evaluates every world-th task
+        ev.task_ids, ev.out_dir = tasks[rank::world], f"{ev.out_dir}/rank{rank}"
+        if not ev.task_ids:
+            return {}
+    overrides = {"dtype": cfg.dtype} if cfg.dtype else {}
+    policy = (PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides) if cfg.checkpoint
+              else tiny_policy().to(cfg.device))
+    results = evaluate_libero(policy, ev)
+    for t, r in results["per_task"].items():
+        print(f"task {t:>2}: {r['successes']:>3}/{r['episodes']:<3} = {r['success_rate']:.1%}  {r['language']}")
+    print(f"{ev.suite}: success rate {results['success_rate']:.1%} over {results['num_episodes']} episodes "
+          f"({results['wall_time_s']:.0f}s, {results['env_steps_per_s']:.1f} env steps/s) -> {ev.out_dir}/results.json")
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps({"done": bool(main())}))
