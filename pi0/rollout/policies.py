@@ -1,0 +1,98 @@
+"""Cheap :class:`~pi0.rollout.types.ChunkPolicy` implementations (no model): random, arena expert, latency."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from pi0.rollout.types import ChunkPolicy, PolicyOutput
+
+__all__ = ["ArenaExpertPolicy", "LatencyPolicy", "RandomChunkPolicy", "ZeroChunkPolicy"]
+
+
+class RandomChunkPolicy:
+    """Uniform random chunks ``(n, horizon, action_dim)`` in ``[low, high]``; extras hold the noise."""
+
+    def __init__(self, horizon: int = 10, action_dim: int = 7, seed: int | None = None,
+                 low: float = -1.0, high: float = 1.0) -> None:
+        """Create the policy; ``seed`` seeds its generator."""
+        self.horizon = int(horizon)
+        self.action_dim = int(action_dim)
+        self.low, self.high = float(low), float(high)
+        self.rng = np.random.default_rng(seed)
+        self.num_calls = 0
+
+    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
+        """Random ``(n, H, A)`` chunks; ``extras["noise"]`` is the same array (like a flow policy's noise)."""
+        self.num_calls += 1
+        a = self.rng.uniform(self.low, self.high, size=(len(obs), self.horizon, self.action_dim)).astype(np.float32)
+        return PolicyOutput(actions=a, extras={"noise": a.copy()})
+
+
+class ZeroChunkPolicy:
+    """Do-nothing chunks (gripper open), useful for timing env stepping alone."""
+
+    def __init__(self, horizon: int = 10, action_dim: int = 7) -> None:
+        """Create the policy."""
+        self.horizon, self.action_dim = int(horizon), int(action_dim)
+
+    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
+        """Zero ``(n, H, A)`` chunks with the gripper dim at -1 (open)."""
+        a = np.zeros((len(obs), self.horizon, self.action_dim), np.float32)
+        a[..., -1] = -1.0
+        return PolicyOutput(actions=a)
+
+
+class ArenaExpertPolicy:
+    """The arena's scripted expert as a batched chunk policy (reads ``obs["arena_state"]``).
+
+    Each chunk is the closed-loop expert rolled through the arena dynamics, so executing it open
+    loop reproduces closed-loop behaviour. With ``noise == 0`` it is deterministic; with noise,
+    the chunk is a function of the state and the generator's draws.
+    """
+
+    def __init__(self, horizon: int = 10, noise: float = 0.0, seed: int | None = None,
+                 gripper_flip_prob: float = 0.0) -> None:
+        """Create the policy; ``noise`` is the expert's action-noise std (action units)."""
+        from pi0.envs.arena import ArenaExpert
+
+        self.horizon = int(horizon)
+        self.expert = ArenaExpert(noise=noise, seed=seed, gripper_flip_prob=gripper_flip_prob)
+        self.num_calls = 0
+        self.batch_sizes: list[int] = []
+
+    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
+        """``(n, horizon, 7)`` expert chunks; extras: ``state`` (n, D) privileged state vectors."""
+        from pi0.envs.arena import ArenaState
+
+        self.num_calls += 1
+        self.batch_sizes.append(len(obs))
+        states = np.stack([np.asarray(o["arena_state"], np.float64) for o in obs]) if obs else np.zeros((0, 0))
+        chunks = np.stack([self.expert.predict_chunk(ArenaState.from_vector(s), self.horizon) for s in states]) \
+            if len(obs) else np.zeros((0, self.horizon, 7))
+        return PolicyOutput(actions=chunks, extras={"state": states})  # float64: exactly what was simulated
+
+
+class LatencyPolicy:
+    """Wraps a policy and sleeps ``base_s + per_sample_s * n`` per call (emulated batched inference)."""
+
+    def __init__(self, policy: ChunkPolicy, base_s: float = 0.0, per_sample_s: float = 0.0) -> None:
+        """Create the wrapper."""
+        self.policy = policy
+        self.base_s, self.per_sample_s = float(base_s), float(per_sample_s)
+        self.num_calls = 0
+        self.total_sleep = 0.0
+
+    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
+        """Sleep, then delegate."""
+        d = self.base_s + self.per_sample_s * len(obs)
+        if d > 0:
+            time.sleep(d)
+        self.num_calls += 1
+        self.total_sleep += d
+        return self.policy.predict_chunks(obs, prompts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)

@@ -1,0 +1,885 @@
+"""Subprocess vector env: one env per ``spawn``-ed worker process, talking over ``Pipe``s.
+
+Design
+------
+* Each worker builds its env from a picklable *env factory* (normally an :class:`EnvSpec`, i.e.
+  a gym id + kwargs, made with ``gym.make`` inside the worker). Factories are checked before
+  anything is started: one that captures torch objects or a policy is rejected, so the model
+  never enters a worker (the workers do not even import torch; see ``worker_info``).
+* Per-env async API: ``reset_async / chunk_async / step_async / call_async`` send a command to
+  one worker, ``recv(i)`` gets its reply, ``wait(indices)`` tells which replies are ready, so
+  finished envs simply get no commands (no dummy actions needed).
+* ``chunk_async`` executes a whole action chunk inside the worker (one round trip per policy
+  decision) and stops at termination/truncation; images are rendered only where asked
+  (``render="decision"``: after the last action if the episode continues).
+* Failures are typed: :class:`WorkerDied` (EOF / broken pipe / process gone),
+  :class:`WorkerTimeout` (no reply within ``step_timeout``: a hung worker, e.g. SIGSTOPped),
+  :class:`RemoteEnvError` (the env raised; traceback included), :class:`EnvCreationError`.
+  After any of them the worker is *broken* until :meth:`SubprocVecEnv.respawn` kills (SIGKILL),
+  reaps and restarts it. The caller (the runner) re-runs the interrupted episode.
+* Env creation is retried in the worker with exponential backoff (``make_attempts``,
+  ``make_backoff``); optionally the env is re-created every ``recreate_every`` episodes (resets).
+* ``close()`` is idempotent and reaps every process (no zombies); it also runs at garbage
+  collection / interpreter exit.
+
+Render-on-demand convention (shared with ``LiberoEnv`` and ``ArenaEnv``): an env whose
+``unwrapped.render_on_demand`` is True gets ``step(action, render=bool)`` and
+``reset(options={"render": bool})``; a missing image is obtained with
+``get_observation(render=True)``. Observations that were not asked to be rendered are sent back
+without image keys, for any env, to keep the pipes light.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+import traceback
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from pi0.rollout.types import IMAGE_KEYS, upright
+
+__all__ = [
+    "EnvCreationError",
+    "EnvFactory",
+    "EnvSpec",
+    "RemoteEnvError",
+    "SerialVecEnv",
+    "SubprocVecEnv",
+    "WorkerDied",
+    "WorkerError",
+    "WorkerTimeout",
+    "check_env_factory",
+    "make_env_with_retry",
+]
+
+EnvFactory = Callable[..., Any]  # factory(**overrides) -> gymnasium.Env
+RENDER_MODES = ("decision", "always", "none")
+
+
+# ---------------------------------------------------------------------------------- transport
+_OOB_MIN_BYTES = 16384  # numpy buffers at least this big travel out of band (images)
+
+
+def send_obj(conn: mpc.Connection, obj: Any) -> None:
+    """Send ``obj`` with pickle protocol 5, big numpy buffers (images) out of band: no pickling copies.
+
+    Frame: one message ``[n: u32][n sizes: u64][pickle bytes]`` followed by ``n`` raw buffer messages.
+    """
+    raws: list[memoryview] = []
+
+    def out_of_band(buf: pickle.PickleBuffer) -> bool:
+        """Keep small buffers in the pickle stream (returns True), send big ones separately."""
+        raw = buf.raw()
+        if raw.nbytes < _OOB_MIN_BYTES:
+            return True
+        raws.append(raw)
+        return False
+
+    payload = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    head = struct.pack(f"<I{len(raws)}Q", len(raws), *(r.nbytes for r in raws))
+    conn.send_bytes(head + payload)
+    for r in raws:
+        conn.send_bytes(r)
+
+
+def recv_obj(conn: mpc.Connection) -> Any:
+    """Receive an object sent by :func:`send_obj` (arrays come back writable)."""
+    msg = conn.recv_bytes()
+    (n,) = struct.unpack_from("<I", msg)
+    sizes = struct.unpack_from(f"<{n}Q", msg, 4)
+    buffers = []
+    for size in sizes:
+        buf = bytearray(size)
+        if size:
+            conn.recv_bytes_into(buf)
+        else:
+            conn.recv_bytes()
+        buffers.append(buf)
+    return pickle.loads(memoryview(msg)[4 + 8 * n:], buffers=buffers)
+
+
+# ------------------------------------------------------------------------------------- errors
+class WorkerError(RuntimeError):
+    """A worker failed; ``index`` is the env index, ``pid`` the worker's process id."""
+
+    def __init__(self, message: str, index: int = -1, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.pid = pid
+
+
+class WorkerDied(WorkerError):
+    """The worker process is gone (EOF on its pipe, broken pipe, or it exited)."""
+
+
+class WorkerTimeout(WorkerError):
+    """The worker did not answer within the timeout (hung, stopped, or far too slow)."""
+
+
+class RemoteEnvError(WorkerError):
+    """The env raised inside the worker; ``remote_traceback`` holds the worker's traceback."""
+
+    def __init__(self, message: str, index: int = -1, pid: int | None = None, remote_traceback: str = "") -> None:
+        super().__init__(message, index, pid)
+        self.remote_traceback = remote_traceback
+
+
+class EnvCreationError(WorkerError):
+    """The env could not be created, even after all retries."""
+
+
+# -------------------------------------------------------------------------------- env factory
+@dataclass
+class EnvSpec:
+    """Picklable env factory: ``gym.make(id, **kwargs, **overrides)`` after importing ``register_module``.
+
+    ``register_module`` is imported first so that the project's gym ids are registered in the
+    worker (``pi0.envs`` registers ``arena-v0`` and ``libero-*-v0``).
+    """
+
+    id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    register_module: str | None = "pi0.envs"
+
+    def __call__(self, **overrides: Any) -> Any:
+        """Create the env (``overrides`` win over ``kwargs``)."""
+        import importlib
+
+        import gymnasium as gym
+
+        if self.register_module:
+            importlib.import_module(self.register_module)
+        return gym.make(self.id, **{**self.kwargs, **overrides})
+
+    def replace(self, **kwargs: Any) -> "EnvSpec":
+        """A copy with ``kwargs`` merged into the env kwargs."""
+        return EnvSpec(self.id, {**self.kwargs, **kwargs}, self.register_module)
+
+
+class _FactoryChecker(pickle.Pickler):
+    """Pickler that refuses torch objects and policies (the model must never enter a worker)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        """Raise for forbidden objects, else defer to normal pickling."""
+        tp = type(obj)
+        mod = getattr(tp, "__module__", "") or ""
+        if mod == "torch" or mod.startswith("torch."):
+            raise ValueError(f"env factory captures a torch object ({tp.__module__}.{tp.__qualname__}); "
+                             "the policy/model must not be sent to env workers")
+        if not isinstance(obj, type) and callable(getattr(obj, "predict_chunks", None)):
+            raise ValueError(f"env factory captures a policy ({tp.__qualname__}); the policy must not be sent "
+                             "to env workers")
+        return NotImplemented
+
+
+def check_env_factory(factory: EnvFactory, max_bytes: int = 1 << 20) -> int:
+    """Check that ``factory`` pickles, holds no torch object / policy and is small; returns its size in bytes."""
+    if not callable(factory):
+        raise TypeError(f"env factory must be callable, got {type(factory).__name__}")
+    buf = io.BytesIO()
+    try:
+        _FactoryChecker(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(factory)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - report what failed to pickle
+        raise ValueError(f"env factory is not picklable (use EnvSpec or a module-level function): {exc}") from exc
+    size = buf.tell()
+    if size > max_bytes:
+        raise ValueError(f"env factory pickles to {size} bytes (> {max_bytes}); it probably captures large state")
+    return size
+
+
+def make_env_with_retry(factory: EnvFactory, overrides: Mapping[str, Any] | None = None, attempts: int = 3,
+                        backoff: float = 0.5, backoff_max: float = 30.0,
+                        sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Call ``factory(**overrides)`` up to ``attempts`` times, sleeping ``backoff * 2**k`` (capped) between tries."""
+    if attempts < 1:
+        raise ValueError("attempts must be >= 1")
+    last: BaseException | None = None
+    for k in range(attempts):
+        try:
+            return factory(**dict(overrides or {}))
+        except Exception as exc:  # noqa: BLE001 - retried, then re-raised
+            last = exc
+            if k + 1 < attempts:
+                sleep(min(backoff * (2 ** k), backoff_max))
+    raise EnvCreationError(f"env creation failed after {attempts} attempts: {last!r}") from last
+
+
+# ---------------------------------------------------------------------------------- env server
+_TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
+
+
+class _EnvServer:
+    """Executes vec-env commands on one env; used inside workers and by :class:`SerialVecEnv`."""
+
+    def __init__(self, factory: EnvFactory, overrides: Mapping[str, Any] | None, make_attempts: int,
+                 make_backoff: float, make_backoff_max: float, recreate_every: int | None) -> None:
+        self.factory = factory
+        self.overrides = dict(overrides or {})
+        self.make_attempts = make_attempts
+        self.make_backoff = make_backoff
+        self.make_backoff_max = make_backoff_max
+        self.recreate_every = recreate_every
+        self.env: Any = None
+        self.num_makes = 0
+        self.episodes_since_make = 0
+        self._make()
+
+    # ------------------------------------------------------------------ env creation
+    def _make(self) -> None:
+        """(Re)create the env with the current overrides and inspect its capabilities."""
+        self.close()
+        self.env = make_env_with_retry(self.factory, self.overrides, self.make_attempts, self.make_backoff,
+                                       self.make_backoff_max)
+        self.num_makes += 1
+        self.episodes_since_make = 0
+        env, direct = self.env, True
+        while hasattr(env, "env") and env is not getattr(env, "unwrapped", env):
+            if type(env).__name__ not in _TRANSPARENT_WRAPPERS:
+                direct = False
+            env = env.env
+        self.unwrapped = getattr(self.env, "unwrapped", self.env)
+        # Call the unwrapped env directly when only gym's bookkeeping wrappers sit on top, so the
+        # LIBERO-style ``step(action, render=...)`` keyword reaches it.
+        self.base = self.unwrapped if direct else self.env
+        self.on_demand = bool(getattr(self.unwrapped, "render_on_demand", False))
+        try:
+            self.step_takes_render = "render" in inspect.signature(self.base.step).parameters
+        except (TypeError, ValueError):
+            self.step_takes_render = False
+
+    def describe(self) -> dict[str, Any]:
+        """Small description of the env, sent back to the main process."""
+        u = self.unwrapped
+        return {"pid": os.getpid(), "task_id": getattr(u, "task_id", None), "prompt": getattr(u, "prompt", None),
+                "num_init_states": getattr(u, "num_init_states", None), "render_on_demand": self.on_demand,
+                "supports_task_switch": bool(getattr(u, "supports_task_switch", False)), "num_makes": self.num_makes}
+
+    def close(self) -> None:
+        """Close the env (idempotent)."""
+        if self.env is not None:
+            try:
+                self.env.close()
+            finally:
+                self.env = None
+
+    # ------------------------------------------------------------------ primitives
+    def _with_images(self, obs: dict, render: bool) -> dict:
+        """Ensure images are present iff ``render`` (renders on demand, strips otherwise)."""
+        has = all(k in obs for k in IMAGE_KEYS)
+        if render and not has:
+            get = getattr(self.unwrapped, "get_observation", None)
+            if get is None:
+                raise RuntimeError("env returned no images and has no get_observation(render=True)")
+            obs = get(render=True)
+        elif not render and any(k in obs for k in IMAGE_KEYS):
+            obs = {k: v for k, v in obs.items() if k not in IMAGE_KEYS}
+        return obs
+
+    def _step(self, action: np.ndarray, render: bool) -> tuple[dict, float, bool, bool, dict]:
+        """One env step with images iff ``render``."""
+        if self.on_demand and self.step_takes_render:
+            obs, r, term, trunc, info = self.base.step(action, render=render)
+        else:
+            obs, r, term, trunc, info = self.base.step(action)
+        return self._with_images(obs, render), float(r), bool(term), bool(trunc), info
+
+    # ------------------------------------------------------------------ commands
+    def reset(self, task_id: int | None = None, init_state_id: int | None = None, seed: int | None = None,
+              render: bool = True, settle_steps: int = 0, settle_action: np.ndarray | None = None) -> dict[str, Any]:
+        """Reset (switching task / re-creating the env if needed) and run ``settle_steps`` settle actions."""
+        options: dict[str, Any] = {}
+        remake = bool(self.recreate_every) and self.episodes_since_make >= int(self.recreate_every)
+        # Single-task envs (no ``task_id`` attribute) ignore task ids.
+        if task_id is not None and hasattr(self.unwrapped, "task_id") and self.unwrapped.task_id != task_id:
+            if getattr(self.unwrapped, "supports_task_switch", False):
+                options["task_id"] = task_id
+            else:
+                remake = True
+            self.overrides["task_id"] = task_id
+        if remake:
+            self._make()
+            options.pop("task_id", None)
+        if init_state_id is not None:
+            options["init_state_id"] = init_state_id
+        if self.on_demand:
+            options["render"] = bool(render) and settle_steps == 0
+        obs, info = self.base.reset(seed=seed, options=options)
+        self.episodes_since_make += 1
+        if settle_steps:
+            act = np.asarray(settle_action if settle_action is not None else [0, 0, 0, 0, 0, 0, -1.0], np.float64)
+            for k in range(settle_steps):
+                obs, _, _, _, info = self._step(act, render and k == settle_steps - 1)
+        u = self.unwrapped
+        return {"obs": self._with_images(obs, render), "info": info, "prompt": getattr(u, "prompt", None),
+                "task_id": getattr(u, "task_id", task_id), "num_makes": self.num_makes}
+
+    def chunk(self, actions: np.ndarray, render: str = "decision", record_frames: bool = False) -> dict[str, Any]:
+        """Execute up to ``len(actions)`` steps, stopping at termination/truncation.
+
+        ``render``: "decision" renders the final obs only if the episode continues, "always"
+        renders it in any case, "none" never. ``record_frames`` renders every step and returns
+        upright agentview frames. Returns obs (final), rewards ``(k,)``, n (= k executed),
+        terminated, truncated, info and frames.
+        """
+        if render not in RENDER_MODES:
+            raise ValueError(f"render must be one of {RENDER_MODES}, got {render!r}")
+        actions = np.asarray(actions)
+        n = len(actions)
+        rewards = np.zeros(n, dtype=np.float64)
+        frames: list[np.ndarray] = []
+        obs, info, term, trunc, k = None, {}, False, False, 0
+        t0 = time.perf_counter()
+        for k in range(n):
+            want = record_frames or (render != "none" and k == n - 1)
+            obs, rewards[k], term, trunc, info = self._step(actions[k], want)
+            if record_frames:
+                frames.append(upright(obs["agentview_image"]))
+            if term or trunc:
+                break
+        k += 1 if n else 0
+        done = term or trunc
+        final_render = (render == "always") or (render == "decision" and not done)
+        if obs is not None:
+            obs = self._with_images(obs, final_render)
+        return {"obs": obs, "rewards": rewards[:k], "n": k, "terminated": term, "truncated": trunc, "info": info,
+                "frames": frames if record_frames else None, "env_time": time.perf_counter() - t0}
+
+    def get_observation(self, render: bool = True) -> dict:
+        """Current observation (images iff ``render``)."""
+        get = getattr(self.unwrapped, "get_observation")
+        return self._with_images(get(render=render), render)
+
+    def call(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Call ``env.unwrapped.<name>(*args, **kwargs)`` (or read the attribute if not callable)."""
+        attr = getattr(self.unwrapped, name)
+        return attr(*args, **(kwargs or {})) if callable(attr) else attr
+
+    def info(self) -> dict[str, Any]:
+        """Process facts: pid, RSS, and whether torch / the model code was imported here."""
+        import psutil
+
+        d = self.describe()
+        d.update(rss=psutil.Process().memory_info().rss, torch_imported="torch" in sys.modules,
+                 modules=len(sys.modules))
+        return d
+
+    def handle(self, cmd: str, payload: dict) -> Any:
+        """Dispatch one command."""
+        if cmd == "reset":
+            return self.reset(**payload)
+        if cmd == "chunk":
+            return self.chunk(**payload)
+        if cmd == "get_obs":
+            return self.get_observation(**payload)
+        if cmd == "call":
+            return self.call(**payload)
+        if cmd == "info":
+            return self.info()
+        if cmd == "remake":
+            self._make()
+            return self.describe()
+        raise ValueError(f"unknown command {cmd!r}")
+
+
+def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict, opts: dict) -> None:
+    """Entry point of a worker process: build the env, then serve commands until close/EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns Ctrl-C and shuts us down
+    try:
+        server = _EnvServer(factory, overrides, **opts)
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
+        try:
+            send_obj(conn, ("error", traceback.format_exc()))
+        finally:
+            conn.close()
+        return
+    try:
+        send_obj(conn, ("ready", server.describe()))
+        while True:
+            try:
+                cmd, payload = recv_obj(conn)
+            except (EOFError, OSError):
+                break
+            if cmd == "close":
+                server.close()
+                send_obj(conn, ("ok", None))
+                break
+            try:
+                result = server.handle(cmd, payload)
+            except Exception:  # noqa: BLE001 - sent back to the parent
+                send_obj(conn, ("error", traceback.format_exc()))
+            else:
+                send_obj(conn, ("ok", result))
+    except (BrokenPipeError, EOFError, OSError):
+        pass
+    finally:
+        try:
+            server.close()
+        except Exception:  # noqa: BLE001
+            pass
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------- vec envs
+class _VecEnvBase:
+    """Command helpers shared by the subprocess and the in-process vector envs."""
+
+    num_envs: int
+
+    def reset_async(self, index: int, *, task_id: int | None = None, init_state_id: int | None = None,
+                    seed: int | None = None, render: bool = True, settle_steps: int = 0,
+                    settle_action: np.ndarray | None = None) -> None:
+        """Ask env ``index`` to reset (optionally to another task / init state); reply via ``recv``."""
+        self._send(index, "reset", {"task_id": task_id, "init_state_id": init_state_id, "seed": seed,
+                                    "render": render, "settle_steps": settle_steps, "settle_action": settle_action})
+
+    def chunk_async(self, index: int, actions: np.ndarray, render: str = "decision",
+                    record_frames: bool = False) -> None:
+        """Ask env ``index`` to execute an ``(n, action_dim)`` chunk (see ``_EnvServer.chunk``)."""
+        self._send(index, "chunk", {"actions": np.asarray(actions), "render": render, "record_frames": record_frames})
+
+    def step_async(self, index: int, action: np.ndarray, render: bool = True) -> None:
+        """Ask env ``index`` for one ``(action_dim,)`` step (a chunk of one; final obs rendered iff ``render``)."""
+        self.chunk_async(index, np.asarray(action)[None], render="always" if render else "none")
+
+    def get_observation_async(self, index: int, render: bool = True) -> None:
+        """Ask env ``index`` for its current observation."""
+        self._send(index, "get_obs", {"render": render})
+
+    def call_async(self, index: int, name: str, *args: Any, **kwargs: Any) -> None:
+        """Ask env ``index`` to call ``unwrapped.<name>(*args, **kwargs)``."""
+        self._send(index, "call", {"name": name, "args": args, "kwargs": kwargs})
+
+    # synchronous conveniences
+    def reset(self, index: int, **kwargs: Any) -> dict[str, Any]:
+        """Synchronous :meth:`reset_async` + :meth:`recv`."""
+        self.reset_async(index, **kwargs)
+        return self.recv(index)
+
+    def chunk(self, index: int, actions: np.ndarray, render: str = "decision", record_frames: bool = False) -> dict:
+        """Synchronous :meth:`chunk_async` + :meth:`recv`."""
+        self.chunk_async(index, actions, render, record_frames)
+        return self.recv(index)
+
+    def step(self, index: int, action: np.ndarray, render: bool = True) -> dict[str, Any]:
+        """Synchronous single step; returns the chunk reply (``n == 1``)."""
+        self.step_async(index, action, render)
+        return self.recv(index)
+
+    def call(self, index: int, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Synchronous :meth:`call_async` + :meth:`recv`."""
+        self.call_async(index, name, *args, **kwargs)
+        return self.recv(index)
+
+    def worker_info(self, index: int) -> dict[str, Any]:
+        """Pid, RSS and imported-module facts of worker ``index``."""
+        self._send(index, "info", {})
+        return self.recv(index)
+
+    def _send(self, index: int, cmd: str, payload: dict) -> None:  # pragma: no cover - abstract
+        """Send one command to env ``index``."""
+        raise NotImplementedError
+
+    def recv(self, index: int, timeout: float | None = None) -> Any:  # pragma: no cover - abstract
+        """Reply to the oldest pending command of env ``index``."""
+        raise NotImplementedError
+
+
+@dataclass
+class _Worker:
+    """Main-process handle of one worker process."""
+
+    index: int
+    process: Any
+    conn: mpc.Connection
+    pending: int = 0
+    broken: bool = False
+    ready_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id."""
+        return self.process.pid
+
+
+def _reap(worker: _Worker, graceful: bool, timeout: float) -> None:
+    """Stop one worker: polite close if ``graceful``, then SIGKILL if needed; always join (no zombie)."""
+    proc = worker.process
+    if graceful and proc.is_alive() and not worker.broken:
+        try:
+            send_obj(worker.conn, ("close", None))
+            if worker.conn.poll(timeout):
+                recv_obj(worker.conn)
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        proc.join(timeout)
+    if proc.is_alive():
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.join(timeout=max(timeout, 5.0))
+    try:
+        worker.conn.close()
+    except OSError:
+        pass
+    try:
+        proc.close()
+    except ValueError:
+        pass  # still running (should not happen after SIGKILL + join)
+
+
+def _shutdown(workers: list[_Worker | None], timeout: float = 5.0) -> None:
+    """Stop and reap every worker in ``workers`` (used by close() and the GC finalizer)."""
+    for w in workers:  # ask everyone first so they exit in parallel
+        if w is not None and not w.broken and w.process.is_alive():
+            try:
+                send_obj(w.conn, ("close", None))
+            except (OSError, BrokenPipeError):
+                w.broken = True
+    for i, w in enumerate(workers):
+        if w is not None:
+            w.broken = True  # close already sent
+            try:
+                if w.conn.poll(0 if not w.process.is_alive() else timeout):
+                    recv_obj(w.conn)
+            except (OSError, EOFError):
+                pass
+            _reap(w, graceful=False, timeout=timeout)
+            workers[i] = None
+
+
+class SubprocVecEnv(_VecEnvBase):
+    """``num_envs`` envs, each in its own ``spawn``-ed (daemon) worker process (see module docstring).
+
+    Drive it from one thread. Create it from a non-daemonic process (daemons cannot have children),
+    and under ``if __name__ == "__main__":`` in scripts (spawn re-imports the main module).
+    """
+
+    def __init__(
+        self,
+        env_factory: EnvFactory,
+        num_envs: int,
+        *,
+        step_timeout: float = 120.0,
+        start_timeout: float = 600.0,
+        make_attempts: int = 3,
+        make_backoff: float = 0.5,
+        make_backoff_max: float = 30.0,
+        recreate_every: int | None = None,
+        context: str = "spawn",
+        worker_overrides: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Start ``num_envs`` workers in parallel and wait until every env is built."""
+        if num_envs < 1:
+            raise ValueError("num_envs must be >= 1")
+        check_env_factory(env_factory)
+        self.env_factory = env_factory
+        self.num_envs = int(num_envs)
+        self.step_timeout = float(step_timeout)
+        self.start_timeout = float(start_timeout)
+        self._opts = {"make_attempts": int(make_attempts), "make_backoff": float(make_backoff),
+                      "make_backoff_max": float(make_backoff_max), "recreate_every": recreate_every}
+        self._ctx = mp.get_context(context)
+        self._overrides = [dict(o) for o in worker_overrides] if worker_overrides else [{} for _ in range(num_envs)]
+        if len(self._overrides) != num_envs:
+            raise ValueError("worker_overrides must have one entry per env")
+        self._workers: list[_Worker | None] = [None] * num_envs
+        self.num_respawns = 0
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+        try:
+            for i in range(num_envs):
+                self._workers[i] = self._start(i)
+            for i in range(num_envs):
+                self._await_ready(i)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ process management
+    def _start(self, index: int) -> _Worker:
+        """Start worker ``index`` (does not wait for its env)."""
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_factory, self._overrides[index], self._opts),
+                                 name=f"pi0-env-worker-{index}", daemon=True)
+        proc.start()
+        child.close()  # essential: otherwise the worker's death never shows up as EOF here
+        return _Worker(index, proc, parent)
+
+    def _await_ready(self, index: int) -> None:
+        """Wait for worker ``index``'s ready message (env built) or raise EnvCreationError."""
+        w = self._workers[index]
+        assert w is not None
+        try:
+            if not w.conn.poll(self.start_timeout):
+                raise EnvCreationError(f"env worker {index} did not start within {self.start_timeout}s", index, w.pid)
+            kind, payload = recv_obj(w.conn)
+        except (EOFError, OSError) as exc:
+            w.broken = True
+            raise EnvCreationError(f"env worker {index} died during start-up (exit code "
+                                   f"{w.process.exitcode})", index, w.pid) from exc
+        except EnvCreationError:
+            w.broken = True
+            raise
+        if kind != "ready":
+            w.broken = True
+            raise EnvCreationError(f"env worker {index} could not create its env:\n{payload}", index, w.pid)
+        w.ready_info = payload
+
+    def respawn(self, index: int, overrides: Mapping[str, Any] | None = None) -> None:
+        """Kill (SIGKILL), reap and restart worker ``index`` (env kwargs updated with ``overrides``).
+
+        Waits until the new env is built; raises EnvCreationError if it cannot be.
+        """
+        self._check_open()
+        if overrides:
+            self._overrides[index].update(overrides)
+        old = self._workers[index]
+        if old is not None:
+            old.broken = True
+            _reap(old, graceful=False, timeout=5.0)
+        self._workers[index] = self._start(index)
+        self.num_respawns += 1
+        self._await_ready(index)
+
+    def drain(self, index: int, timeout: float | None = None) -> None:
+        """Discard pending replies of worker ``index``; respawn it if it is broken or does not answer."""
+        w = self._workers[index]
+        try:
+            if w is None or w.broken:
+                raise WorkerDied("broken", index)
+            while w.pending > 0:
+                try:
+                    self.recv(index, timeout)
+                except RemoteEnvError:
+                    pass
+        except WorkerError:
+            self.respawn(index)
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to worker ``index`` (for fault injection)."""
+        w = self._worker(index)
+        os.kill(w.pid, sig)
+
+    # ------------------------------------------------------------------ messaging
+    def _worker(self, index: int) -> _Worker:
+        """Live handle of worker ``index``."""
+        self._check_open()
+        w = self._workers[index]
+        if w is None:
+            raise WorkerDied(f"env worker {index} is not running", index)
+        return w
+
+    def _check_open(self) -> None:
+        """Raise if the vec env was closed."""
+        if self._closed:
+            raise RuntimeError("SubprocVecEnv is closed")
+
+    def _send(self, index: int, cmd: str, payload: dict) -> None:
+        """Send one command to worker ``index``."""
+        w = self._worker(index)
+        if w.broken:
+            raise WorkerDied(f"env worker {index} is broken; respawn it first", index, w.pid)
+        try:
+            send_obj(w.conn, (cmd, payload))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+            w.broken = True
+            raise WorkerDied(f"env worker {index} (pid {w.pid}) is gone: {exc!r}", index, w.pid) from exc
+        w.pending += 1
+
+    def recv(self, index: int, timeout: float | None = None) -> Any:
+        """Reply to the oldest pending command of worker ``index`` (``timeout`` default: ``step_timeout``)."""
+        w = self._worker(index)
+        if w.pending <= 0:
+            raise RuntimeError(f"no pending command for env worker {index}")
+        timeout = self.step_timeout if timeout is None else timeout
+        try:
+            ready = w.conn.poll(timeout)
+        except (EOFError, OSError) as exc:
+            w.broken = True
+            raise WorkerDied(f"env worker {index} (pid {w.pid}) is gone: {exc!r}", index, w.pid) from exc
+        if not ready:
+            w.broken = True
+            raise WorkerTimeout(f"env worker {index} (pid {w.pid}) gave no reply within {timeout}s", index, w.pid)
+        try:
+            kind, payload = recv_obj(w.conn)
+        except (EOFError, OSError, ConnectionResetError) as exc:
+            w.broken = True
+            raise WorkerDied(f"env worker {index} (pid {w.pid}) died (exit code {w.process.exitcode})",
+                             index, w.pid) from exc
+        w.pending -= 1
+        if kind == "error":
+            raise RemoteEnvError(f"env worker {index} raised:\n{payload}", index, w.pid, payload)
+        return payload
+
+    def wait(self, indices: Sequence[int], timeout: float | None = None) -> list[int]:
+        """Indices among ``indices`` whose worker has a reply (or EOF) ready, waiting up to ``timeout``."""
+        conns = {self._worker(i).conn: i for i in indices}
+        return sorted(conns[c] for c in mpc.wait(list(conns), timeout))
+
+    def pending(self, index: int) -> int:
+        """Number of commands sent to worker ``index`` whose replies were not received yet."""
+        return self._worker(index).pending
+
+    # ------------------------------------------------------------------ introspection
+    def worker_pids(self) -> list[int | None]:
+        """Process id of each worker."""
+        return [w.pid if w is not None else None for w in self._workers]
+
+    def worker_rss(self) -> list[int]:
+        """Resident set size in bytes of each worker process (0 if not running)."""
+        import psutil
+
+        out = []
+        for w in self._workers:
+            try:
+                out.append(psutil.Process(w.pid).memory_info().rss if w is not None else 0)
+            except psutil.Error:
+                out.append(0)
+        return out
+
+    def is_alive(self, index: int) -> bool:
+        """Whether worker ``index``'s process is running and not marked broken."""
+        w = self._workers[index]
+        return w is not None and not w.broken and w.process.is_alive()
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop and reap all workers; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        _shutdown(self._workers, timeout)
+        self._finalizer.detach()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> "SubprocVecEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class SerialVecEnv(_VecEnvBase):
+    """In-process vector env with the same API (no subprocesses): baseline, debugging, tests."""
+
+    def __init__(self, env_factory: EnvFactory, num_envs: int, *, make_attempts: int = 3, make_backoff: float = 0.5,
+                 make_backoff_max: float = 30.0, recreate_every: int | None = None,
+                 worker_overrides: Sequence[Mapping[str, Any]] | None = None, **_: Any) -> None:
+        """Build ``num_envs`` envs in this process (extra keyword arguments are ignored)."""
+        self.env_factory = env_factory
+        self.num_envs = int(num_envs)
+        self._opts = {"make_attempts": make_attempts, "make_backoff": make_backoff,
+                      "make_backoff_max": make_backoff_max, "recreate_every": recreate_every}
+        self._overrides = [dict(o) for o in worker_overrides] if worker_overrides else [{} for _ in range(num_envs)]
+        self._servers: list[_EnvServer | None] = [None] * self.num_envs
+        self._replies: list[deque] = [deque() for _ in range(self.num_envs)]
+        self.num_respawns = 0
+        self._closed = False
+        for i in range(self.num_envs):
+            self._servers[i] = self._build(i)
+
+    def _build(self, index: int) -> _EnvServer:
+        """Create env server ``index``."""
+        try:
+            return _EnvServer(self.env_factory, self._overrides[index], **self._opts)
+        except EnvCreationError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise EnvCreationError(f"env {index} could not be created: {exc!r}", index, os.getpid()) from exc
+
+    def _send(self, index: int, cmd: str, payload: dict) -> None:
+        """Run the command now and queue its reply."""
+        if self._closed:
+            raise RuntimeError("SerialVecEnv is closed")
+        server = self._servers[index]
+        assert server is not None
+        try:
+            self._replies[index].append(("ok", server.handle(cmd, payload)))
+        except Exception:  # noqa: BLE001 - surfaced by recv like a worker error
+            self._replies[index].append(("error", traceback.format_exc()))
+
+    def recv(self, index: int, timeout: float | None = None) -> Any:
+        """Queued reply of env ``index``."""
+        if not self._replies[index]:
+            raise RuntimeError(f"no pending command for env {index}")
+        kind, payload = self._replies[index].popleft()
+        if kind == "error":
+            raise RemoteEnvError(f"env {index} raised:\n{payload}", index, os.getpid(), payload)
+        return payload
+
+    def wait(self, indices: Sequence[int], timeout: float | None = None) -> list[int]:
+        """Indices with a queued reply."""
+        return sorted(i for i in indices if self._replies[i])
+
+    def pending(self, index: int) -> int:
+        """Number of queued replies of env ``index``."""
+        return len(self._replies[index])
+
+    def drain(self, index: int, timeout: float | None = None) -> None:
+        """Discard queued replies of env ``index``."""
+        self._replies[index].clear()
+
+    def respawn(self, index: int, overrides: Mapping[str, Any] | None = None) -> None:
+        """Re-create env ``index`` (env kwargs updated with ``overrides``)."""
+        if overrides:
+            self._overrides[index].update(overrides)
+        old = self._servers[index]
+        if old is not None:
+            old.close()
+        self._replies[index].clear()
+        self._servers[index] = self._build(index)
+        self.num_respawns += 1
+
+    def worker_pids(self) -> list[int]:
+        """This process's id for every env."""
+        return [os.getpid()] * self.num_envs
+
+    def worker_rss(self) -> list[int]:
+        """RSS of this process for every env (they share it)."""
+        import psutil
+
+        return [psutil.Process().memory_info().rss] * self.num_envs
+
+    def is_alive(self, index: int) -> bool:
+        """True while not closed."""
+        return not self._closed
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close all envs (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for s in self._servers:
+            if s is not None:
+                s.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> "SerialVecEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
