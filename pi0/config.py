@@ -123,8 +123,9 @@ class Pi0Config:
     max_token_len: int = 48
     num_cameras: int = 3
     dtype: str = "float32"
-    # "eager": openpi's exact float32-logit attention; "sdpa": torch scaled_dot_product_attention.
-    attn_implementation: str = "eager"
+    # "sdpa": torch scaled_dot_product_attention (fused; 2x faster on CPU, same results to ~1e-6);
+    # "eager": openpi's attention written out (float32 logits, BIG_NEG mask, float32 softmax).
+    attn_implementation: str = "sdpa"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

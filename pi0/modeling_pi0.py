@@ -82,6 +82,10 @@ class PI0Model(nn.Module):
         pwe = self.paligemma_with_expert
         embs, pads = [], []
         for img, m in zip(images, img_masks):
+            if not bool(m.any()):
+                # A camera masked in every sample contributes nothing: its keys are masked out and it does
+                # not advance positions, so skipping it is exact (and saves a SigLIP pass + 256 tokens).
+                continue
             tok = pwe.embed_image(img)  # (B, P, D)
             embs.append(tok)
             pads.append(m.bool()[:, None].expand(-1, tok.shape[1]))

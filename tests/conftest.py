@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +38,17 @@ def pi0_reference() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="session")
 def converted_tiny(tmp_path_factory) -> Path:
-    """The shared openpi tiny checkpoint converted once per session (float32)."""
-    from pi0.conversion import convert_checkpoint
+    """The shared openpi tiny checkpoint converted once per session (float32) by the real CLI.
 
+    Run in a subprocess so JAX (multithreaded) never lives in the pytest process that later forks.
+    """
     out = tmp_path_factory.mktemp("converted") / "pi0_tiny"
-    return convert_checkpoint(_need(PI0_TINY / "checkpoint" / "params"), out,
-                              tokenizer=_need(LIBERO_TINY / "tokenizer.model"))
+    cmd = [sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir",
+           str(_need(PI0_TINY / "checkpoint" / "params")), "--output_path", str(out),
+           "--tokenizer", str(_need(LIBERO_TINY / "tokenizer.model"))]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
 
 
 def model_inputs(ref: dict[str, np.ndarray]) -> dict[str, object]:

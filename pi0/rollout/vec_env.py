@@ -31,6 +31,7 @@ without image keys, for any env, to keep the pipes light.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import multiprocessing as mp
@@ -45,7 +46,7 @@ import traceback
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -396,6 +397,27 @@ class _EnvServer:
         raise ValueError(f"unknown command {cmd!r}")
 
 
+@contextlib.contextmanager
+def _main_module_hidden(factory: Any) -> Iterator[None]:
+    """Keep spawned workers from re-importing the launching script (and torch / the model with it).
+
+    spawn re-runs ``__main__``'s imports in every child (it finds the script by ``__file__`` or
+    ``__spec__``); hiding both while the child starts makes workers import only what the env needs.
+    Skipped when the factory itself lives in ``__main__`` (the child must import it from there).
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(type(factory), "__module__", None) == "__main__" or \
+            getattr(factory, "__module__", None) == "__main__":
+        yield
+        return
+    saved = {k: main.__dict__.pop(k) for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__spec__ = None  # spawn reads this attribute; None means "no importable main"
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
 def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict, opts: dict) -> None:
     """Entry point of a worker process: build the env, then serve commands until close/EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns Ctrl-C and shuts us down
@@ -617,7 +639,8 @@ class SubprocVecEnv(_VecEnvBase):
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_worker_main, args=(child, self.env_factory, self._overrides[index], self._opts),
                                  name=f"pi0-env-worker-{index}", daemon=True)
-        proc.start()
+        with _main_module_hidden(self.env_factory):
+            proc.start()
         child.close()  # essential: otherwise the worker's death never shows up as EOF here
         return _Worker(index, proc, parent)
 

@@ -52,3 +52,19 @@ class LIBEROEnvRunner(RolloutRunner):
 # End of the rollout-runner block. pi0 observation / action helpers (construct_pi0_observation,
 # predict_libero_action_chunk) go below.
 # =====================================================================================================
+
+
+def make_env_spec(env: str = "libero", suite: str = "libero_spatial", task_id: int = 0, **kwargs: Any) -> EnvSpec:
+    """EnvSpec for ``env="libero"`` (a suite) or ``env="arena"`` (the fast built-in env), render-on-demand."""
+    if env == "libero":
+        return libero_env_spec(suite, task_id=task_id, **kwargs)
+    if env == "arena":
+        return EnvSpec("arena-v0", {"task_id": task_id, "render_on_demand": True, **kwargs})
+    raise ValueError(f"unknown env {env!r}; choose 'libero' or 'arena'")
+
+
+# openpi's pi0_libero observation/action path (defined in pi0.libero_policy, exposed here for RIPT users).
+from pi0.libero_policy import Pi0ChunkPolicy, construct_pi0_observation, predict_libero_action_chunk  # noqa: E402
+
+__all__ = ["LIBEROEnvRunner", "LIBERO_GYM_IDS", "libero_env_spec", "make_env_spec", "Pi0ChunkPolicy",
+           "construct_pi0_observation", "predict_libero_action_chunk"]
