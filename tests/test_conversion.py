@@ -144,3 +144,31 @@ def test_converter_cli_errors(tmp_path):
     r = subprocess.run([sys.executable, str(script), "--checkpoint_dir", str(params),
                         "--output_path", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode != 0 and "norm_stats.json" in r.stderr and "--norm_stats" in r.stderr
+
+
+def test_experts_of_different_widths_share_attention():
+    """Like the real model (Gemma 2B width 2048 + 300M expert width 1024): joint attention needs only equal heads."""
+    from pi0.config import GemmaConfig
+
+    cfg = Pi0Config.tiny(paligemma=GemmaConfig(96, 2, 128, 4, 1, 16), action_expert=GemmaConfig(48, 2, 64, 4, 1, 16),
+                         action_horizon=8, action_dim=6)
+    torch.manual_seed(0)
+    model = PI0Model(cfg).eval()
+    b = 2
+    imgs = [torch.rand(b, 3, 224, 224) * 2 - 1 for _ in range(3)]
+    masks = [torch.tensor([True, True]), torch.tensor([True, False]), torch.tensor([False, False])]
+    tokens = torch.randint(0, cfg.vocab_size, (b, 48))
+    tmask = torch.arange(48)[None].expand(b, -1) < torch.tensor([[5], [9]])
+    state, noise = torch.randn(b, 6), torch.randn(b, 8, 6)
+    cached = model.sample_actions(imgs, masks, tokens, tmask, state, noise, num_steps=5)
+    naive = model.sample_actions_uncached(imgs, masks, tokens, tmask, state, noise, num_steps=5)
+    assert cached.shape == (2, 8, 6)
+    torch.testing.assert_close(cached, naive, atol=1e-5, rtol=1e-5)
+    loss = model(imgs, masks, tokens, tmask, state, torch.randn(b, 8, 6))
+    assert loss.shape == (2, 8, 6) and torch.isfinite(loss).all()
+    # A camera masked for a sample cannot influence that sample (its keys are masked, positions skip it).
+    imgs2 = [imgs[0], imgs[1].clone(), imgs[2] * 0]
+    imgs2[1][1] = -imgs2[1][1]
+    again = model.sample_actions(imgs2, masks, tokens, tmask, state, noise, num_steps=5)
+    torch.testing.assert_close(again[1], cached[1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(again[0], cached[0], atol=1e-3)  # ...but it does influence the sample that sees it
