@@ -167,8 +167,7 @@ def test_experts_of_different_widths_share_attention():
     loss = model(imgs, masks, tokens, tmask, state, torch.randn(b, 8, 6))
     assert loss.shape == (2, 8, 6) and torch.isfinite(loss).all()
     # A camera masked for a sample cannot influence that sample (its keys are masked, positions skip it).
-    imgs2 = [imgs[0], imgs[1].clone(), imgs[2] * 0]
-    imgs2[1][1] = -imgs2[1][1]
+    imgs2 = [imgs[0], -imgs[1], imgs[2] * 0]  # camera 1 changes for both samples; sample 1 has it masked
     again = model.sample_actions(imgs2, masks, tokens, tmask, state, noise, num_steps=5)
     torch.testing.assert_close(again[1], cached[1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(again[0], cached[0], atol=1e-3)  # ...but it does influence the sample that sees it
