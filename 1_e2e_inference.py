@@ -10,7 +10,6 @@ offline-built tokenizer (no download); with --checkpoint it runs converted real 
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 
 from pi0.modeling_pi0 import PI0Policy
 from pi0.presets import synthetic_observation, tiny_policy
+from pi0.utils.cli import parse_config
 
 
 @dataclass
@@ -35,17 +35,9 @@ class Config:
     seed: int = 0
 
 
-def parse_args(argv: list[str] | None = None) -> Config:
-    """argparse over the Config fields."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in vars(Config()).items():
-        p.add_argument(f"--{name}", type=type(default) if default is not None else str, default=default)
-    return Config(**vars(p.parse_args(argv)))
-
-
 def main(argv: list[str] | None = None) -> np.ndarray:
     """Load (or build) a policy, run one action chunk, print it and the time taken."""
-    cfg = parse_args(argv)
+    cfg = parse_config(Config, argv, __doc__)
     rank = int(os.environ.get("RANK", 0))
     torch.manual_seed(cfg.seed + rank)
     t0 = time.perf_counter()
@@ -53,7 +45,7 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     if cfg.checkpoint:
         policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides)
     else:
-        policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps).to(cfg.device)
+        policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps, dtype=cfg.dtype or "float32").to(cfg.device)
     load_s = time.perf_counter() - t0
     obs = synthetic_observation(policy, cfg.batch_size, seed=cfg.seed + rank, prompt=cfg.prompt)
     policy.predict_action_chunk(obs)  # warm-up

@@ -1,4 +1,4 @@
-"""Stage 2: evaluate pi0 on the real LIBERO benchmark (success rate per task and suite, videos, debug sessions).
+r"""Stage 2: evaluate pi0 on the real LIBERO benchmark (success rate per task and suite, videos, debug sessions).
 
 Adds: closed-loop evaluation on LIBERO through openpi's exact pi0_libero pipeline, with subprocess env workers
 and batched inference (the shared runner core). Default policy: the tiny embedded model (its success rate is 0;
@@ -13,51 +13,30 @@ it exercises the whole path). Results go to <out_dir>/results.json, videos to <o
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
+from pi0.utils.cli import parse_config  # noqa: E402
 
 
 @dataclass
-class Config:
-    """Stage 2 options: the policy plus pi0.eval.EvalConfig."""
+class Config(EvalConfig):
+    """Stage 2 options: the policy, plus every pi0.eval.EvalConfig field (suite, task_ids, num_trials, ...)."""
 
     checkpoint: str = ""  # PI0Policy directory; "" = tiny embedded default
     device: str = "cpu"
     dtype: str = ""  # "" = as saved; "float32" | "bfloat16"
-    eval: EvalConfig = field(default_factory=EvalConfig)
-
-
-def parse_args(argv: list[str] | None = None) -> Config:
-    """Flags mirror Config and EvalConfig fields."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", default="")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="", choices=["", "float32", "bfloat16"])
-    e = EvalConfig()
-    p.add_argument("--suite", default=e.suite)
-    p.add_argument("--task_ids", type=int, nargs="*", default=None, help="default: every task of the suite")
-    for name in ("num_trials", "num_envs", "replan_steps", "num_videos", "seed"):
-        p.add_argument(f"--{name}", type=int, default=getattr(e, name))
-    p.add_argument("--max_steps", type=int, default=None)
-    p.add_argument("--out_dir", default=e.out_dir)
-    p.add_argument("--debug", action="store_true", help="write a debug session per task (see compare_debug_sessions)")
-    a = vars(p.parse_args(argv))
-    top = {k: a.pop(k) for k in ("checkpoint", "device", "dtype")}
-    return Config(**top, eval=EvalConfig(**a))
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Check the request, load the policy, evaluate, print the table."""
-    cfg = parse_args(argv)
-    ev = cfg.eval
+    cfg = parse_config(Config, argv, __doc__)
+    ev = EvalConfig(**{f.name: getattr(cfg, f.name) for f in fields(EvalConfig)})
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     tasks = [t for t, _, _ in check_tasks(ev.suite, ev.task_ids, ev.num_trials)]  # fail fast, before loading
     if world > 1:  # each rank evaluates every world-th task
@@ -76,4 +55,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"done": bool(main())}))
+    main()

@@ -1,4 +1,4 @@
-"""Convert an openpi JAX pi0 checkpoint into a PyTorch ``PI0Policy`` directory (safetensors).
+r"""Convert an openpi JAX pi0 checkpoint into a PyTorch ``PI0Policy`` directory (safetensors).
 
 Adds: exact weight conversion. The config is inferred from parameter shapes; flags may override it.
 
@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--norm_stats", default=None, help="norm_stats.json (default: <ckpt>/assets/*/norm_stats.json)")
     p.add_argument("--tokenizer", default=None, help="PaliGemma sentencepiece model (local path)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--paligemma_variant", default=None, help="override the inferred VLM Gemma (e.g. gemma_2b)")
+    p.add_argument("--action_expert_variant", default=None, help="override the inferred expert (e.g. gemma_300m)")
+    p.add_argument("--vision_variant", default=None, help="override the inferred SigLIP (e.g. So400m/14)")
     p.add_argument("--action_horizon", type=int, default=None, help="override (not inferable from shapes)")
     p.add_argument("--max_token_len", type=int, default=None, help="override (default 48)")
     p.add_argument("--delta_action_dims", type=int, default=None,
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the conversion."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     args = parse_args(argv)
-    overrides = {k: v for k in ("action_horizon", "max_token_len") if (v := getattr(args, k)) is not None}
+    overrides = {k: v for k in ("paligemma_variant", "action_expert_variant", "vision_variant",
+                                                   "action_horizon", "max_token_len") if (v := getattr(args, k)) is not None}
     t0 = time.perf_counter()
     out = convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
                              tokenizer=args.tokenizer, dtype=args.dtype, delta_action_dims=args.delta_action_dims,

@@ -39,7 +39,7 @@ DTYPES = ("float32", "bfloat16")
 CAMERA_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
 
-def _check_keys(cls: type, data: dict[str, Any]) -> None:
+def check_keys(cls: type, data: dict[str, Any]) -> None:
     """Raise a ValueError naming every key of ``data`` that ``cls`` does not have."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
@@ -163,9 +163,9 @@ class Pi0Config:
     def from_dict(cls, data: dict[str, Any]) -> "Pi0Config":
         """Inverse of ``to_dict``; rejects unknown keys with a clear message."""
         data = dict(data)
-        _check_keys(cls, data)
+        check_keys(cls, data)
         for key, sub in (("paligemma", GemmaConfig), ("action_expert", GemmaConfig), ("vision", SiglipConfig)):
             if key in data and isinstance(data[key], dict):
-                _check_keys(sub, data[key])
+                check_keys(sub, data[key])
                 data[key] = sub(**data[key])
         return cls(**data)

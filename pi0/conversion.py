@@ -10,6 +10,8 @@ import dataclasses
 import glob
 import logging
 import math
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -80,7 +82,8 @@ def _gemma_from(flat: Flat, s: str) -> GemmaConfig:
 
 
 def infer_config(flat: Flat, **overrides: Any) -> Pi0Config:
-    """Full Pi0Config from parameter shapes; ``overrides`` (e.g. action_horizon) win."""
+    """Full Pi0Config from parameter shapes; ``overrides`` win (Pi0Config fields, or variant names
+    ``paligemma_variant`` / ``action_expert_variant`` / ``vision_variant``)."""
     try:
         img = "PaliGemma/img/"
         kernel = flat[f"{img}embedding/kernel"]  # (p, p, 3, W)
@@ -98,6 +101,11 @@ def infer_config(flat: Flat, **overrides: Any) -> Pi0Config:
                    vocab_size=vocab, action_dim=flat["action_in_proj/kernel"].shape[0])
     except KeyError as e:
         raise ValueError(f"not a pi0 checkpoint: missing parameter {e.args[0]!r}") from e
+    for key, build in (("paligemma", GemmaConfig.from_variant), ("action_expert", GemmaConfig.from_variant),
+                       ("vision", lambda name: SiglipConfig.from_variant(name, vision.image_size))):
+        name = overrides.pop(f"{key}_variant", None)
+        if name is not None:
+            cfg[key] = build(name)
     cfg.update(overrides)
     return Pi0Config(**cfg)
 
@@ -237,6 +245,9 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
     params_dir = Path(checkpoint_dir)
     if not params_dir.exists():
         raise FileNotFoundError(f"--checkpoint_dir {params_dir} does not exist (expected openpi's <ckpt>/params)")
+    output_path = Path(output_path)
+    if output_path.exists() and any(output_path.iterdir()) and not (output_path / "config.json").is_file():
+        raise FileExistsError(f"--output_path {output_path} exists and is not a policy directory; choose a new path")
     ns_path = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
     if ns_path is None:
         raise FileNotFoundError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
@@ -246,7 +257,13 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
         raise FileNotFoundError(f"--tokenizer {tokenizer} does not exist")
     if delta_action_dims is None:
         asset_id = "/".join(ns_path.resolve().parent.parts[-2:])
-        delta_action_dims = DELTA_ACTION_DIMS_BY_ASSET.get(asset_id, 0)
+        if asset_id in DELTA_ACTION_DIMS_BY_ASSET:
+            delta_action_dims = DELTA_ACTION_DIMS_BY_ASSET[asset_id]
+            log.info("asset %s: the policy predicts deltas on the first %d action dims", asset_id, delta_action_dims)
+        else:
+            delta_action_dims = 0
+            log.warning("norm stats of unknown asset id %r: assuming ABSOLUTE actions (delta_action_dims=0); pass "
+                        "--delta_action_dims 6 for a pi0_libero-style checkpoint", asset_id)
     flat = read_orbax_params(params_dir)
     cfg = infer_config(flat, dtype=dtype, **config_overrides)
     log.info("inferred config: %s", cfg)
@@ -259,13 +276,21 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
         for k, t in model.state_dict().items():
             t.copy_(torch.from_numpy(np.array(state[k], dtype=np.float32)))
     model = model.float()
-    output_path = Path(output_path)
-    output_path.mkdir(parents=True, exist_ok=True)
-    if tokenizer is None:
-        log.warning("no --tokenizer given: writing a small offline stand-in tokenizer; pass PaliGemma's "
-                    "sentencepiece model for real checkpoints")
-        tokenizer = build_tokenizer_model(output_path / "tokenizer.model")
-    pol_cfg = PolicyConfig(model=dataclasses.replace(cfg, dtype="float32"), delta_action_dims=delta_action_dims)
-    policy = PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tokenizer, cfg.max_token_len), model)
-    policy.save_pretrained(output_path, dtype=dtype)
+    # Write into a sibling temp dir and rename at the end: a failed conversion leaves no partial output.
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", dir=output_path.parent))
+    try:
+        if tokenizer is None:
+            log.warning("no --tokenizer given: writing a small offline stand-in tokenizer; pass PaliGemma's "
+                        "sentencepiece model for real checkpoints")
+            tokenizer = build_tokenizer_model(tmp_out / "tokenizer.model")
+        pol_cfg = PolicyConfig(model=dataclasses.replace(cfg, dtype="float32"), delta_action_dims=delta_action_dims)
+        policy = PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tokenizer, cfg.max_token_len), model)
+        policy.save_pretrained(tmp_out, dtype=dtype)
+        if output_path.exists():
+            shutil.rmtree(output_path)
+        tmp_out.chmod(0o755)
+        tmp_out.rename(output_path)
+    finally:
+        shutil.rmtree(tmp_out, ignore_errors=True)
     return output_path

@@ -23,19 +23,23 @@ from torch import nn
 
 from pi0 import checkpoint_io
 from pi0.attention import make_attn_mask, make_positions
-from pi0.config import CAMERA_KEYS, Pi0Config
+from pi0.config import CAMERA_KEYS, Pi0Config, check_keys
 from pi0.flow import euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 from pi0.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 from pi0.tokenizer import PaligemmaTokenizer
 
-# Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings.
+# Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
+# and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
 _FP32_PARAM_MARKERS = ("layernorm", "layer_norm", ".norm.", "patch_embedding", "position_embedding")
+_FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.")
 
 
 def _is_fp32_param(name: str) -> bool:
     """True for parameters that stay float32 in bfloat16 mode."""
-    return any(m in name for m in _FP32_PARAM_MARKERS) or name.endswith(".norm.weight")
+    name = name.removeprefix("model.")
+    return (any(m in name for m in _FP32_PARAM_MARKERS) or name.endswith(".norm.weight")
+            or name.startswith(_FP32_HEADS))
 
 
 class PI0Model(nn.Module):
@@ -210,7 +214,6 @@ class PolicyConfig:
     # Leading action dims predicted as deltas w.r.t. the raw state (openpi pi0_libero: 6).
     delta_action_dims: int = 0
     image_keys: tuple[str, ...] = CAMERA_KEYS
-    policy_type: str = "pi0"
 
     def __post_init__(self) -> None:
         if self.normalization not in MODES:
@@ -234,10 +237,7 @@ class PolicyConfig:
     def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
         """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
         data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"config.json: unknown key(s) {unknown}; valid keys are {sorted(known)}")
+        check_keys(cls, data)
         if "model" in data:
             data["model"] = Pi0Config.from_dict(data["model"])
         return cls(**data)
@@ -416,9 +416,17 @@ class PI0Policy(nn.Module):
         except json.JSONDecodeError as e:
             raise ValueError(f"{files['config.json']} is not valid JSON: {e}") from e
         model_fields = {f.name for f in dataclasses.fields(Pi0Config)}
+        policy_fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+        bad = sorted(set(overrides) - model_fields - policy_fields)
+        if bad:
+            raise ValueError(f"from_pretrained: unknown override(s) {bad}; valid: PolicyConfig fields "
+                             f"{sorted(policy_fields - {'model'})} or Pi0Config fields {sorted(model_fields)}")
         cfg_dict["model"] = {**cfg_dict.get("model", {}), **{k: v for k, v in overrides.items() if k in model_fields}}
         cfg_dict.update({k: v for k, v in overrides.items() if k not in model_fields})
-        config = PolicyConfig.from_dict(cfg_dict)
+        try:
+            config = PolicyConfig.from_dict(cfg_dict)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{files['config.json']}: {e}") from e
         norm_stats = load_norm_stats(files["norm_stats.json"])
         tokenizer = PaligemmaTokenizer(files["tokenizer.model"], config.model.max_token_len)
         state = checkpoint_io.load_safetensors(files["model.safetensors"])

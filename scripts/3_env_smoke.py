@@ -7,12 +7,11 @@ state with openpi's 10 wait steps, stepped with a scripted circle/bob motion and
 
 Launch (headless; ~15 s of env creation + reset, ~0.25 s per rendered step on 2 CPU cores):
 
-    MUJOCO_GL=egl .venv/bin/python scripts/3_env_smoke.py --suite libero_spatial --task-id 0 --steps 60
+    MUJOCO_GL=egl .venv/bin/python scripts/3_env_smoke.py --suite libero_spatial --task_id 0 --steps 60
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from dataclasses import dataclass
@@ -23,7 +22,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import gymnasium as gym  # noqa: E402
 
 import pi0.envs  # noqa: E402,F401  (registers libero-*-v0)
+from pi0.ript.env.pi0_libero_runner import LIBERO_GYM_IDS  # noqa: E402
 from pi0.envs.libero_env import scripted_actions, summarize_observation, upright_frame  # noqa: E402
+from pi0.utils.cli import parse_config  # noqa: E402
 from pi0.utils.video import write_video  # noqa: E402
 
 
@@ -40,19 +41,12 @@ class SmokeConfig:
     out_dir: Path = Path("outputs/stage3_env_smoke")
 
 
-def parse_args() -> SmokeConfig:
-    """Command line -> SmokeConfig (flags mirror the dataclass fields)."""
-    cfg = SmokeConfig()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, value in vars(cfg).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
-    return SmokeConfig(**vars(parser.parse_args()))
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Create the env, run scripted actions, write the video, print the observation summary."""
-    cfg = parse_args()
-    env_id = cfg.suite.replace("_", "-") + "-v0"
+    cfg = parse_config(SmokeConfig, argv, __doc__)
+    if cfg.suite not in LIBERO_GYM_IDS:
+        raise SystemExit(f"unknown suite {cfg.suite!r}; choose one of {sorted(LIBERO_GYM_IDS)}")
+    env_id = LIBERO_GYM_IDS[cfg.suite]
     t0 = time.perf_counter()
     env = gym.make(env_id, task_id=cfg.task_id, seed=cfg.seed)
     try:

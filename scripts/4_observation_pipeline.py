@@ -11,7 +11,6 @@ Writes raw / upright / processed / model-input PNGs, a side-by-side pipeline.png
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pi0.debug import save_observation_pipeline  # noqa: E402
 from pi0.envs.libero_env import LiberoEnv  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
+from pi0.utils.cli import parse_config  # noqa: E402
 
 
 @dataclass
@@ -37,10 +37,7 @@ class Config:
 
 def main(argv: list[str] | None = None) -> dict:
     """Reset the env to the init state, run the pipeline once, save and print what the policy sees."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in vars(Config()).items():
-        p.add_argument(f"--{name}", type=type(default), default=default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    cfg = parse_config(Config, argv, __doc__)
     policy = PI0Policy.from_pretrained(cfg.checkpoint) if cfg.checkpoint else tiny_policy()
     env = LiberoEnv(cfg.suite, cfg.task_id, init_state_id=cfg.init_state_id)
     try:

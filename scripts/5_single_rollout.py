@@ -12,7 +12,6 @@ for the video.
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ import torch  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
 from pi0.ript.env.pi0_libero_runner import LIBEROEnvRunner, Pi0ChunkPolicy, make_env_spec  # noqa: E402
+from pi0.utils.cli import parse_config  # noqa: E402
 from pi0.utils.video import write_video  # noqa: E402
 
 
@@ -44,10 +44,7 @@ class Config:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run one episode, write its video, print the outcome."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in vars(Config()).items():
-        p.add_argument(f"--{name}", type=type(default), default=default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    cfg = parse_config(Config, argv, __doc__)
     spec = make_env_spec(cfg.env, cfg.suite, cfg.task_id)  # validates env / suite before loading anything
     policy = (PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device) if cfg.checkpoint
               else tiny_policy().to(cfg.device))

@@ -1,4 +1,4 @@
-"""Stage 6: several episodes at once, with batched inference over subprocess env workers.
+r"""Stage 6: several episodes at once, with batched inference over subprocess env workers.
 
 Adds: parallelism. N env workers (spawned processes, no model inside) step in parallel; at each round the
 observations of every env at a decision point go through ONE batched pi0 call in this process; K rollouts per
@@ -13,7 +13,6 @@ init state form a group (what RLOO needs). Prints per-episode outcomes, batch si
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
 from pi0.ript.env.pi0_libero_runner import Pi0ChunkPolicy, make_env_spec  # noqa: E402
 from pi0.ript.env.pi0_libero_runner_ript_vla import PI0LiberoRunner  # noqa: E402
+from pi0.utils.cli import parse_config  # noqa: E402
 
 
 @dataclass
@@ -46,13 +46,7 @@ class Config:
 
 def main(argv: list[str] | None = None) -> list:
     """Run the groups and report."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in vars(Config()).items():
-        if isinstance(default, list):
-            p.add_argument(f"--{name}", type=int, nargs="+", default=default)
-        else:
-            p.add_argument(f"--{name}", type=type(default), default=default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    cfg = parse_config(Config, argv, __doc__)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     spec = make_env_spec(cfg.env, cfg.suite, cfg.task_ids[0])
     states = [(t, i) for t in cfg.task_ids for i in range(cfg.init_states)][rank::world]

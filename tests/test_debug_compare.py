@@ -35,10 +35,12 @@ def sessions(tmp_path_factory):
     obs_b = copy.deepcopy(obs)
     obs_b[1]["robot0_eef_pos"] = obs_b[1]["robot0_eef_pos"] + np.array([0.0, 0.0, 0.01])  # planted: 1 cm in z
     ep_b = _episode(obs_b, Pi0ChunkPolicy(policy, torch.Generator().manual_seed(0)), "put the bowl on the plate")
+    # Same observations, other flow noise: everything up to the processed obs agrees, model inputs do not.
+    ep_c = _episode(obs, Pi0ChunkPolicy(policy, torch.Generator().manual_seed(1)), "put the bowl on the plate")
     root = tmp_path_factory.mktemp("debug")
     info = {"suite": "libero_spatial"}
     return (write_debug_session(root / "a", ep_a, info), write_debug_session(root / "a2", ep_a, info),
-            write_debug_session(root / "b", ep_b, info))
+            write_debug_session(root / "b", ep_b, info), write_debug_session(root / "c", ep_c, info))
 
 
 def test_session_contents(sessions):
@@ -60,6 +62,13 @@ def test_planted_difference_found(sessions):
     assert first is not None
     assert (first.stage, first.key, first.first_decision) == ("raw", "raw/robot0_eef_pos", 1)
     assert abs(first.max_abs_diff - 0.01) < 1e-9
+
+
+def test_planted_difference_at_model_input(sessions):
+    first, rows = compare_sessions(sessions[0], sessions[3])
+    assert (first.stage, first.key, first.first_decision) == ("model_input", "model_input/noise", 0)
+    assert all(r.first_decision is None for r in rows if r.stage in ("raw", "processed"))
+    assert any(r.key == "model_output/actions" and r.first_decision == 0 for r in rows)
 
 
 def test_cli_exit_codes(sessions):

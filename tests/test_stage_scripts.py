@@ -43,5 +43,5 @@ def test_stage6_batches_groups_over_workers():
 
 @pytest.mark.libero
 def test_stage3_env_smoke(tmp_path):
-    out = _run("scripts/3_env_smoke.py", "--steps", "5", "--out-dir", str(tmp_path))
+    out = _run("scripts/3_env_smoke.py", "--steps", "5", "--out_dir", str(tmp_path))
     assert "agentview_image" in out and len(list(tmp_path.glob("*.mp4"))) == 1

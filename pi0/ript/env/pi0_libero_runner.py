@@ -1,18 +1,19 @@
-"""LIBERO rollouts for RIPT: the runner configuration (top) and pi0 observation/action helpers (below).
-
-# =====================================================================================================
-# Rollout runner: owned by the rollout engine (pi0/rollout). Keep this block at the top of the file.
-# It is a thin configuration of :class:`pi0.rollout.runner.RolloutRunner`: no loop code lives here.
-# =====================================================================================================
+"""LIBERO rollouts for RIPT: ``LIBEROEnvRunner`` (a thin configuration of the shared runner core) and
+openpi's pi0_libero observation/action path (``construct_pi0_observation``, ``predict_libero_action_chunk``,
+``Pi0ChunkPolicy``, defined in :mod:`pi0.libero_policy` and exposed here).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pi0.libero_policy import Pi0ChunkPolicy, construct_pi0_observation, predict_libero_action_chunk
 from pi0.rollout.runner import RolloutRunner, RunnerConfig
 from pi0.rollout.types import ChunkPolicy
 from pi0.rollout.vec_env import EnvFactory, EnvSpec
+
+__all__ = ["LIBEROEnvRunner", "LIBERO_GYM_IDS", "libero_env_spec", "make_env_spec", "Pi0ChunkPolicy",
+           "construct_pi0_observation", "predict_libero_action_chunk"]
 
 LIBERO_GYM_IDS: dict[str, str] = {
     "libero_spatial": "libero-spatial-v0",
@@ -48,12 +49,6 @@ class LIBEROEnvRunner(RolloutRunner):
         super().__init__(env_factory or libero_env_spec(), policy, config, **overrides)
 
 
-# =====================================================================================================
-# End of the rollout-runner block. pi0 observation / action helpers (construct_pi0_observation,
-# predict_libero_action_chunk) go below.
-# =====================================================================================================
-
-
 def make_env_spec(env: str = "libero", suite: str = "libero_spatial", task_id: int = 0, **kwargs: Any) -> EnvSpec:
     """EnvSpec for ``env="libero"`` (a suite) or ``env="arena"`` (the fast built-in env), render-on-demand."""
     if env == "libero":
@@ -62,9 +57,3 @@ def make_env_spec(env: str = "libero", suite: str = "libero_spatial", task_id: i
         return EnvSpec("arena-v0", {"task_id": task_id, "render_on_demand": True, **kwargs})
     raise ValueError(f"unknown env {env!r}; choose 'libero' or 'arena'")
 
-
-# openpi's pi0_libero observation/action path (defined in pi0.libero_policy, exposed here for RIPT users).
-from pi0.libero_policy import Pi0ChunkPolicy, construct_pi0_observation, predict_libero_action_chunk  # noqa: E402
-
-__all__ = ["LIBEROEnvRunner", "LIBERO_GYM_IDS", "libero_env_spec", "make_env_spec", "Pi0ChunkPolicy",
-           "construct_pi0_observation", "predict_libero_action_chunk"]
