@@ -1,9 +1,9 @@
 """Benchmark: LIBERO env steps/s when rendering both cameras at every step vs only at decision points.
 
-Decision points are every ``--replan-steps`` policy steps (openpi executes 5 actions of each 50-action chunk), which
+Decision points are every ``--replan_steps`` policy steps (openpi executes 5 actions of each 50-action chunk), which
 is when a chunked policy needs images. Both figures come from one env in one run; physics is identical in both modes.
 
-    MUJOCO_GL=egl .venv/bin/python bench/libero_env.py --suite libero_spatial --task-id 0 --steps 100
+    MUJOCO_GL=egl .venv/bin/python bench/libero_env.py --suite libero_spatial --task_id 0 --steps 100
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def main() -> None:
     """Parse flags, run the three timings, print steps/s and the speed-up."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="libero_spatial")
-    parser.add_argument("--task-id", type=int, default=0)
+    parser.add_argument("--task_id", type=int, default=0)
     parser.add_argument("--steps", type=int, default=100, help="timed steps per mode")
-    parser.add_argument("--replan-steps", type=int, default=5, help="render every this many steps (decision points)")
+    parser.add_argument("--replan_steps", type=int, default=5, help="render every this many steps (decision points)")
     parser.add_argument("--resolution", type=int, default=256)
     args = parser.parse_args()
 

@@ -6,7 +6,7 @@ render of both cameras) every ``--chunk`` steps, random actions, reset on episod
 Modes (``--mode``):
 * ``raw``: the vector env directly: every worker gets a whole chunk per round trip.
 * ``runner``: the real engine path: ``RolloutRunner`` episodes with ONE batched policy call per
-  round (``RandomChunkPolicy``; ``--infer-ms`` / ``--infer-ms-per-sample`` emulate inference time).
+  round (``RandomChunkPolicy``; ``--infer_ms`` / ``--infer_ms_per_sample`` emulate inference time).
 * ``both`` (default).
 
 Also reported: serial steps/s with a render on EVERY step (the "incl. rendering" number), speed-up
@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pi0.rollout import EnvSpec, LatencyPolicy, RandomChunkPolicy, RolloutRunner, SubprocVecEnv  # noqa: E402
+from pi0.rollout import EnvSpec, LatencyPolicy, RandomChunkPolicy, RolloutRunner, SubprocVecEnv
 
 MB = 1 << 20
 
@@ -40,12 +37,6 @@ def env_spec(args: argparse.Namespace) -> EnvSpec:
     """EnvSpec of the benchmarked env."""
     if args.env == "arena":
         return EnvSpec("arena-v0", {"task_id": args.task_id, "render_on_demand": True, "resolution": args.resolution})
-    import gymnasium as gym
-
-    import pi0.envs  # noqa: F401 - registers the LIBERO ids
-
-    if "libero-spatial-v0" not in gym.registry:
-        raise SystemExit("libero-spatial-v0 is not registered by pi0.envs yet")
     return EnvSpec("libero-spatial-v0", {"task_id": args.task_id, "render_on_demand": True,
                                          "resolution": args.resolution})
 
@@ -60,21 +51,23 @@ def random_chunk(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
 def bench_serial(spec: EnvSpec, steps: int, chunk: int, scale: float, render_every_step: bool) -> float:
     """Steps/s of one in-process env (render at decision points, or every step)."""
     env = spec.replace(render_on_demand=not render_every_step)()
-    base = env.unwrapped
-    rng = np.random.default_rng(0)
-    base.reset(options={"init_state_id": 0})
-    done_steps, episodes = 0, 0
-    t0 = time.perf_counter()
-    while done_steps < steps:
-        for k, a in enumerate(random_chunk(rng, chunk, scale)):
-            _, _, term, trunc, _ = base.step(a, render=k == chunk - 1) if not render_every_step else base.step(a)
-            done_steps += 1
-            if term or trunc:
-                episodes += 1
-                base.reset(options={"init_state_id": episodes % base.num_init_states})
-                break
-    dt = time.perf_counter() - t0
-    env.close()
+    try:
+        base = env.unwrapped
+        rng = np.random.default_rng(0)
+        base.reset(options={"init_state_id": 0})
+        done_steps, episodes = 0, 0
+        t0 = time.perf_counter()
+        while done_steps < steps:
+            for k, a in enumerate(random_chunk(rng, chunk, scale)):
+                _, _, term, trunc, _ = base.step(a, render=k == chunk - 1) if not render_every_step else base.step(a)
+                done_steps += 1
+                if term or trunc:
+                    episodes += 1
+                    base.reset(options={"init_state_id": episodes % base.num_init_states})
+                    break
+        dt = time.perf_counter() - t0
+    finally:
+        env.close()
     return done_steps / dt
 
 
@@ -138,13 +131,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6000, help="env steps per worker (raw mode) and for serial")
     p.add_argument("--chunk", type=int, default=5, help="actions per decision (replan_steps)")
     p.add_argument("--resolution", type=int, default=128)
-    p.add_argument("--task-id", type=int, default=0)
+    p.add_argument("--task_id", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0, help="random action magnitude")
     p.add_argument("--mode", choices=("raw", "runner", "both"), default="both")
-    p.add_argument("--episodes-per-worker", type=int, default=20, help="runner mode")
-    p.add_argument("--max-steps", type=int, default=None, help="runner mode step cap per episode")
-    p.add_argument("--infer-ms", type=float, default=0.0, help="emulated inference time per policy call")
-    p.add_argument("--infer-ms-per-sample", type=float, default=0.0)
+    p.add_argument("--episodes_per_worker", type=int, default=20, help="runner mode")
+    p.add_argument("--max_steps", type=int, default=None, help="runner mode step cap per episode")
+    p.add_argument("--infer_ms", type=float, default=0.0, help="emulated inference time per policy call")
+    p.add_argument("--infer_ms_per_sample", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=300.0)
     args = p.parse_args()
     if args.env == "libero" and args.scale == 1.0:

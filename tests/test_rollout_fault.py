@@ -6,10 +6,11 @@ Workers are real ``spawn`` processes; faults are real SIGKILL / SIGSTOP signals.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import pickle
 import random
 import signal
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from pi0.rollout import (
     RemoteEnvError,
     PolicyOutput,
     RandomChunkPolicy,
+    RolloutError,
     RolloutRunner,
     RunnerHooks,
     SubprocVecEnv,
@@ -53,6 +55,26 @@ class FlakyFactory:
             f.write("x")
         if os.path.getsize(self.path) <= self.failures:
             raise ConnectionError("simulated flaky env server")
+        return ARENA(**overrides)
+
+
+class CrashingFactory:
+    """Arena factory whose next ``n`` env creations die by a real SIGKILL; ``n`` is read from a file (0 if absent).
+
+    The main process writes the file when it wants the next (re)started workers to die during start-up.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, **overrides):
+        try:
+            n = int(Path(self.path).read_text() or 0)
+        except FileNotFoundError:
+            n = 0
+        if n > 0:
+            Path(self.path).write_text(str(n - 1))
+            os.kill(os.getpid(), signal.SIGKILL)  # dies in the middle of the worker's start-up
         return ARENA(**overrides)
 
 
@@ -358,39 +380,108 @@ def test_sigkill_mid_episode_reruns_interrupted_episodes():
     assert_same_episodes(eps, list(reference_run()))  # re-runs are exact (deterministic expert)
 
 
-def test_random_sigkills_from_background_thread():
+def test_sigkills_at_seeded_random_points_of_a_long_run():
+    """Three real SIGKILLs of randomly chosen workers at seeded random points of a 40-episode run.
+
+    The kills are injected from the ``on_chunk_sent`` hook (after the n-th chunk of the run), so they
+    always happen, whatever the machine's speed; the victim is any live worker: one that just got a
+    chunk, one in the middle of a reset, or one that already answered.
+    """
     inits = [(t, s) for s in range(4) for t in range(5)]
-    stop = threading.Event()
+    rng = random.Random(0)
+    kill_at = set(rng.sample(range(3, 100), 3))  # n-th chunk sent in the whole run
+    sent = [0]
     kills: list[int] = []
-    holder: dict = {}
 
-    def killer():
-        rng = random.Random(0)
-        while not stop.wait(rng.uniform(0.15, 0.3)) and len(kills) < 3:
-            vec = holder.get("vec")
-            pid = rng.choice(vec.worker_pids())
-            if pid in {c.pid for c in psutil.Process().children()}:
-                os.kill(pid, signal.SIGKILL)
-                kills.append(pid)
+    def on_chunk_sent(runner, worker, req, step):
+        sent[0] += 1
+        if sent[0] in kill_at:
+            pid = rng.choice([p for p in runner.vec_env.worker_pids() if p not in kills])
+            os.kill(pid, signal.SIGKILL)
+            kills.append(pid)
 
-    pol = LatencyPolicy(ArenaExpertPolicy(horizon=8), base_s=0.01)  # ~1 s run: kills land mid-run
-    with RolloutRunner(ARENA, pol, num_envs=3, step_timeout=30, max_episode_attempts=5) as r:
-        holder["vec"] = r.vec_env
-        t = threading.Thread(target=killer, daemon=True)
-        t.start()
-        try:
-            eps = r.run(inits, group_size=2)
-        finally:
-            stop.set()
-            t.join()
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3, hooks=RunnerHooks(on_chunk_sent=on_chunk_sent),
+                       step_timeout=30, max_episode_attempts=5) as r:
+        eps = r.run(inits, group_size=2)
         failures = r.last_stats.worker_failures
-    print(f"\nkills during run: {len(kills)}, detected failures: {failures}")
-    assert kills, "the run finished before any kill; make it longer"
-    assert failures <= len(kills)
+        assert r.vec_env.num_respawns == failures
+    print(f"\nkills at chunks {sorted(kill_at)} of {sent[0]}: {len(kills)}, detected failures: {failures}")
+    assert sent[0] > max(kill_at) and len(kills) == 3  # every planned kill happened mid-run
+    assert failures == len(kills)  # each killed worker is used again, found dead and respawned
+    assert all(is_reaped(p) for p in kills)
     check_exactly_once(eps, inits, 2)
     with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3, use_subprocess=False) as ref_runner:
         ref = ref_runner.run(inits, group_size=2)
     assert_same_episodes(eps, ref)
+
+
+def test_worker_dying_while_being_respawned_is_respawned_again(tmp_path: Path, caplog):
+    flag = tmp_path / "crash_next"  # the next N env creations die during start-up
+    sent = [0]
+    killed: list[int] = []
+    failures = []
+
+    def on_chunk_sent(runner, worker, req, step):
+        sent[0] += 1
+        if sent[0] == 4:
+            killed.append(runner.vec_env.worker_pids()[worker])
+            os.kill(killed[-1], signal.SIGKILL)
+
+    def on_worker_failure(runner, worker, req, exc):
+        failures.append(exc)
+        flag.write_text("2")  # the replacement worker dies during start-up, and the one after it too
+
+    hooks = RunnerHooks(on_chunk_sent=on_chunk_sent, on_worker_failure=on_worker_failure)
+    caplog.set_level(logging.WARNING, logger="pi0.rollout.runner")
+    with RolloutRunner(CrashingFactory(str(flag)), ArenaExpertPolicy(horizon=8), num_envs=3, hooks=hooks,
+                       step_timeout=30, make_attempts=3, make_backoff=0.01, max_episode_attempts=5) as r:
+        eps = r.run(INITS, group_size=2)
+        pids = r.vec_env.worker_pids()
+        assert r.vec_env.num_respawns == 3  # two replacements died during start-up, the third came up
+        assert r.last_stats.worker_failures == 1 and r.last_stats.respawn_failures == 2
+        assert all(r.vec_env.is_alive(i) for i in range(3))
+    assert flag.read_text() == "0"
+    assert len(failures) == 1 and isinstance(failures[0], WorkerDied)
+    assert sum("died during start-up" in m for m in caplog.messages) == 2
+    assert is_reaped(killed[0]) and killed[0] not in pids
+    check_exactly_once(eps, INITS, 2)
+    assert sum(e.attempts - 1 for e in eps) == 1
+    assert_same_episodes(eps, list(reference_run()))
+
+
+def test_respawn_gives_up_with_rollout_error_after_make_attempts(tmp_path: Path):
+    flag = tmp_path / "crash_next"
+
+    def on_chunk_sent(runner, worker, req, step):
+        if not flag.exists():
+            flag.write_text("3")  # more start-up deaths than make_attempts=2 allows
+            os.kill(runner.vec_env.worker_pids()[worker], signal.SIGKILL)
+
+    with RolloutRunner(CrashingFactory(str(flag)), ArenaExpertPolicy(horizon=8), num_envs=2, step_timeout=30,
+                       hooks=RunnerHooks(on_chunk_sent=on_chunk_sent), make_attempts=2, make_backoff=0.01) as r:
+        with pytest.raises(RolloutError, match="could not be respawned after 2 attempts") as err:
+            r.run(INITS)
+        assert isinstance(err.value.__cause__, EnvCreationError)
+        assert "died during start-up" in str(err.value)
+        # the failed run's clean-up tried the broken worker once more (the third start-up death) ...
+        assert flag.read_text() == "0"
+        # ... and the runner is still usable: the broken worker is respawned on first use
+        eps = r.run([(4, 0), (2, 1), (1, 2)])
+        assert r.last_stats.worker_failures == 1
+    check_exactly_once(eps, [(4, 0), (2, 1), (1, 2)], 1)
+    assert all(e.success for e in eps)
+
+
+def test_latency_policy_pickles_and_delegates():
+    pol = LatencyPolicy(ArenaExpertPolicy(horizon=4), base_s=0.0)
+    assert pol.horizon == 4  # delegated to the wrapped policy
+    clone = pickle.loads(pickle.dumps(pol))  # unpickling looks attributes up before __init__ state exists
+    assert clone.horizon == 4 and clone.base_s == 0.0
+    bare = LatencyPolicy.__new__(LatencyPolicy)  # no ``policy`` attribute yet: no infinite recursion
+    with pytest.raises(AttributeError, match="policy"):
+        bare.horizon
+    with pytest.raises(AttributeError):
+        bare.__deepcopy__
 
 
 def test_sigstop_hang_is_detected_by_step_timeout_and_recovered():
@@ -450,7 +541,7 @@ def test_video_frames_every_step_and_step_mode():
 @pytest.mark.libero
 @pytest.mark.slow
 def test_libero_runner_on_the_real_simulator():
-    pytest.importorskip("libero.libero")
+    import libero.libero  # noqa: F401  (`make test` installs LIBERO: a missing simulator fails, never skips)
     from pi0.ript.env.pi0_libero_runner import LIBEROEnvRunner, libero_env_spec
 
     spec = libero_env_spec("libero_spatial", task_id=0, resolution=64)

@@ -24,7 +24,7 @@ World model (table frame, metres)
 Observations (LIBERO raw keys and conventions)
 ----------------------------------------------
 ``agentview_image`` / ``robot0_eye_in_hand_image``: ``(H, W, 3) uint8`` stored upside down exactly
-like MuJoCo renders, i.e. flipped vertically AND horizontally; ``img[::-1, ::-1]`` is upright.
+like MuJoCo renders, i.e. flipped vertically AND horizontally; ``pi0.transforms.rotate_180(img)`` is upright.
 ``robot0_eef_pos (3,) float64`` (world frame, table top at ``TABLE_Z``), ``robot0_eef_quat (4,)``
 xyzw float64 (gripper pointing down, i.e. 180 deg about x, composed with the yaw),
 ``robot0_gripper_qpos (2,) float64`` = ``[w, -w]`` like the Panda fingers, plus ``arena_state``,
@@ -56,6 +56,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from pi0.transforms import rotate_180
 
 __all__ = [
     "ArenaEnv",
@@ -446,7 +448,7 @@ class _Renderer:
         self._wrist_r = np.arange(height, dtype=np.float64) - (height - 1) / 2
         self._wrist_c = np.arange(width, dtype=np.float64) - (width - 1) / 2
 
-    # flipped frame: row grows with +y, column grows with -x (upright = img[::-1, ::-1])
+    # flipped frame: row grows with +y, column grows with -x (upright = rotate_180(img))
     def row(self, y: float) -> float:
         """Continuous flipped-frame row of world ``y``."""
         return (y + L) / (2 * L) * self.h
@@ -758,7 +760,7 @@ class ArenaEnv(gym.Env):
         if self.render_mode != "rgb_array":
             return None
         agent, _ = self._renderer.render(self.state)
-        return np.ascontiguousarray(agent[::-1, ::-1])
+        return rotate_180(agent)
 
 
 # --------------------------------------------------------------------------------------- expert

@@ -36,6 +36,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from pi0.rollout.types import LIBERO_WAIT_ACTION
+from pi0.transforms import rotate_180
+
 # Headless rendering by default; must be set before mujoco / robosuite are imported (they are imported lazily).
 os.environ.setdefault("MUJOCO_GL", "egl")
 if os.environ["MUJOCO_GL"] in ("egl", "osmesa"):
@@ -65,8 +68,9 @@ SUITE_MAX_STEPS: dict[str, int] = {
     "libero_90": 400,
 }
 LIBERO_SUITES: tuple[str, ...] = tuple(SUITE_MAX_STEPS)
-# Do-nothing action with the gripper open (-1), used while objects settle after reset.
-WAIT_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
+# Do-nothing action with the gripper open (-1), used while objects settle after reset (defined once, in
+# pi0.rollout.types; an array here for callers that step the env with it).
+WAIT_ACTION = np.array(LIBERO_WAIT_ACTION)
 CAMERA_KEYS: tuple[str, ...] = ("agentview_image", "robot0_eye_in_hand_image")
 PROPRIO_KEYS: tuple[str, ...] = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
 _PROPRIO_DIMS = {"robot0_eef_pos": 3, "robot0_eef_quat": 4, "robot0_gripper_qpos": 2}
@@ -169,7 +173,7 @@ def scripted_actions(num_steps: int, period: int = 40, amplitude: float = 0.5) -
 
 def upright_frame(obs: Mapping[str, np.ndarray]) -> np.ndarray:
     """Video frame (H, 2W, 3) uint8: agentview | wrist camera, both rotated 180 degrees to be upright."""
-    return np.concatenate([np.asarray(obs[key])[::-1, ::-1] for key in CAMERA_KEYS], axis=1)
+    return np.concatenate([rotate_180(obs[key]) for key in CAMERA_KEYS], axis=1)
 
 
 class _CameraGate:
@@ -489,7 +493,7 @@ class LiberoEnv(gym.Env):
         """Upright agentview frame (res, res, 3) uint8 of the latest rendered observation, or None."""
         if self._last_obs is None or "agentview_image" not in self._last_obs:
             return None
-        return np.ascontiguousarray(self._last_obs["agentview_image"][::-1, ::-1])
+        return rotate_180(self._last_obs["agentview_image"])
 
     def close(self) -> None:
         """Close the simulator (frees the EGL context); safe to call twice."""

@@ -17,7 +17,16 @@ from pi0.rollout.executors import (
 )
 from pi0.rollout.policies import ArenaExpertPolicy, LatencyPolicy, RandomChunkPolicy, ZeroChunkPolicy
 from pi0.rollout.runner import RolloutError, RolloutRunner, RunnerConfig, RunnerHooks, RunStats, make_requests
-from pi0.rollout.types import IMAGE_KEYS, ChunkPolicy, DecisionPoint, Episode, EpisodeRequest, PolicyOutput, upright
+from pi0.rollout.types import (
+    IMAGE_KEYS,
+    LIBERO_WAIT_ACTION,
+    ChunkPolicy,
+    DecisionPoint,
+    Episode,
+    EpisodeRequest,
+    PolicyOutput,
+    upright,
+)
 from pi0.rollout.vec_env import (
     EnvCreationError,
     EnvFactory,
@@ -28,6 +37,7 @@ from pi0.rollout.vec_env import (
     WorkerDied,
     WorkerError,
     WorkerTimeout,
+    call_with_backoff,
     check_env_factory,
     make_env_with_retry,
 )
@@ -52,6 +62,7 @@ __all__ = [
     "Episode",
     "EpisodeRequest",
     "IMAGE_KEYS",
+    "LIBERO_WAIT_ACTION",
     "LatencyPolicy",
     "PolicyOutput",
     "RandomChunkPolicy",
@@ -67,6 +78,7 @@ __all__ = [
     "WorkerError",
     "WorkerTimeout",
     "ZeroChunkPolicy",
+    "call_with_backoff",
     "check_env_factory",
     "make_env_with_retry",
     "make_requests",

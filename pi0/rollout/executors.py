@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 
@@ -150,26 +150,46 @@ def _seed_for(seed: int | None, env_index: int, episode: int) -> int | None:
     return None if seed is None else int(seed) + 100_003 * env_index + episode
 
 
-def _run_env_sync(env_fn: EnvFn, env_index: int, policy: PolicyFn, episodes: int, max_steps: int | None,
-                  seed: int | None, stop: threading.Event | None = None) -> list[Rollout]:
-    """Build one env, run ``episodes`` episodes with blocking calls, close it."""
-    env = env_fn()
-    out: list[Rollout] = []
-    try:
+class _EpisodeLoop:
+    """The episode loop of one env, written once and shared by every executor.
+
+    The loop is a generator of *requests* that the executor fulfils in its own way (blocking
+    calls, threads or awaits) and passes back with :meth:`reply`:
+    ``("reset", seed)`` -> ``(obs, info)``; ``("act", obs)`` -> action; ``("step", action)`` ->
+    ``(obs, reward, terminated, truncated, info)``. ``request`` is None once all episodes are done
+    (or ``stop`` was set: the loop ends before its next policy call). Finished episodes are in ``out``.
+    """
+
+    def __init__(self, env_index: int, episodes: int, max_steps: int | None, seed: int | None,
+                 stop: threading.Event | None = None) -> None:
+        """Start the loop; ``request`` is its first request."""
+        self.out: list[Rollout] = []
+        self.request: tuple[str, Any] | None = None
+        self._gen = self._episodes(env_index, episodes, max_steps, seed, stop)
+        self.reply(None)
+
+    def reply(self, value: Any) -> None:
+        """Hand the result of ``request`` back to the loop; it moves on to its next request."""
+        try:
+            self.request = self._gen.send(value)
+        except StopIteration:
+            self.request = None
+
+    def _episodes(self, env_index: int, episodes: int, max_steps: int | None, seed: int | None,
+                  stop: threading.Event | None) -> Generator[tuple[str, Any], Any, None]:
+        """Run ``episodes`` episodes (each capped at ``max_steps`` steps), recording every step."""
         for ep in range(episodes):
-            obs, info = env.reset(seed=_seed_for(seed, env_index, ep))
+            obs, info = yield "reset", _seed_for(seed, env_index, ep)
             ro = Rollout(env_index, ep, [], [], False, False, None)
-            t = 0
-            while max_steps is None or t < max_steps:
+            while max_steps is None or ro.length < max_steps:
                 if stop is not None and stop.is_set():
-                    return out
-                action = policy(obs, env_index)
+                    return
+                action = yield "act", obs
                 s = time.perf_counter()
-                obs, r, term, trunc, info = env.step(action)
+                obs, r, term, trunc, info = yield "step", action
                 ro.step_times.append((s, time.perf_counter()))
                 ro.rewards.append(float(r))
                 ro.actions.append(action)
-                t += 1
                 if term or trunc:
                     ro.terminated, ro.truncated = bool(term), bool(trunc)
                     break
@@ -177,12 +197,31 @@ def _run_env_sync(env_fn: EnvFn, env_index: int, policy: PolicyFn, episodes: int
                 ro.truncated = True
             ro.info = dict(info or {})
             ro.success = ro.info.get("success")
-            out.append(ro)
+            self.out.append(ro)
+
+
+def _run_env_sync(env_fn: EnvFn, env_index: int, policy: PolicyFn, episodes: int, max_steps: int | None,
+                  seed: int | None, stop: threading.Event | None = None) -> list[Rollout]:
+    """Build one env, run ``episodes`` episodes with blocking calls, close it."""
+    env = env_fn()
+
+    def fulfil(kind: str, arg: Any) -> Any:
+        """Blocking reset / policy / step."""
+        if kind == "reset":
+            return env.reset(seed=arg)
+        if kind == "act":
+            return policy(arg, env_index)
+        return env.step(arg)
+
+    loop = _EpisodeLoop(env_index, episodes, max_steps, seed, stop)
+    try:
+        while loop.request is not None:
+            loop.reply(fulfil(*loop.request))
     finally:
         close = getattr(env, "close", None)
         if close is not None:
             close()
-    return out
+    return loop.out
 
 
 def _sorted(rollouts: list[Rollout]) -> list[Rollout]:
@@ -254,42 +293,26 @@ class AsyncExecutor:
             """Build the env, run its episodes, close it."""
             env = await _maybe_await(env_fn())
             native = inspect.iscoroutinefunction(getattr(env, "astep", None))
-            out: list[Rollout] = []
+
+            async def fulfil(kind: str, arg: Any) -> Any:
+                """Awaited reset / policy / step (native coroutines, else a thread)."""
+                if kind == "reset":
+                    return await (env.areset(seed=arg) if native else asyncio.to_thread(env.reset, seed=arg))
+                if kind == "act":
+                    return await _maybe_await(policy(arg, env_index))
+                return await (env.astep(arg) if native else asyncio.to_thread(env.step, arg))
+
+            loop = _EpisodeLoop(env_index, episodes, max_steps, seed)
             try:
-                for ep in range(episodes):
-                    s_ep = _seed_for(seed, env_index, ep)
-                    if native:
-                        obs, info = await env.areset(seed=s_ep)
-                    else:
-                        obs, info = await asyncio.to_thread(env.reset, seed=s_ep)
-                    ro = Rollout(env_index, ep, [], [], False, False, None)
-                    t = 0
-                    while max_steps is None or t < max_steps:
-                        action = await _maybe_await(policy(obs, env_index))
-                        s = time.perf_counter()
-                        if native:
-                            obs, r, term, trunc, info = await env.astep(action)
-                        else:
-                            obs, r, term, trunc, info = await asyncio.to_thread(env.step, action)
-                        ro.step_times.append((s, time.perf_counter()))
-                        ro.rewards.append(float(r))
-                        ro.actions.append(action)
-                        t += 1
-                        if term or trunc:
-                            ro.terminated, ro.truncated = bool(term), bool(trunc)
-                            break
-                    else:
-                        ro.truncated = True
-                    ro.info = dict(info or {})
-                    ro.success = ro.info.get("success")
-                    out.append(ro)
+                while loop.request is not None:
+                    loop.reply(await fulfil(*loop.request))
             finally:
                 aclose = getattr(env, "aclose", None)
                 if inspect.iscoroutinefunction(aclose):
                     await aclose()
                 elif getattr(env, "close", None) is not None:
                     env.close()
-            return out
+            return loop.out
 
         try:
             if sem is None:

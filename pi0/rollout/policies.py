@@ -95,4 +95,12 @@ class LatencyPolicy:
         return self.policy.predict_chunks(obs, prompts)
 
     def __getattr__(self, name: str) -> Any:
+        """Delegate unknown attributes to the wrapped policy.
+
+        Only called when normal lookup fails. ``policy`` itself and dunder names are never delegated:
+        before ``__init__`` ran (e.g. while unpickling or copying) ``self.policy`` does not exist yet,
+        and looking it up through ``__getattr__`` would recurse forever.
+        """
+        if name == "policy" or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.policy, name)

@@ -28,12 +28,16 @@ If a worker dies (EOF/broken pipe, e.g. SIGKILL), hangs (no reply within ``step_
 SIGSTOP) or its env raises, the worker is killed/reaped and respawned and the interrupted
 episode is discarded and re-run from its init state (``Episode.attempts`` > 1). Finished
 episodes are kept. Every requested episode is returned exactly once, ordered by request index.
-An episode failing ``max_episode_attempts`` times raises :class:`RolloutError`.
+An episode failing ``max_episode_attempts`` times raises :class:`RolloutError`. A respawned worker
+that dies (or cannot build its env) during start-up is respawned again, up to the vec env's
+``make_attempts`` times with exponential backoff (``make_backoff``, doubling, capped at
+``make_backoff_max``); only then does the run stop with a :class:`RolloutError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections import deque
@@ -42,12 +46,21 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from pi0.rollout.types import IMAGE_KEYS, ChunkPolicy, DecisionPoint, Episode, EpisodeRequest, PolicyOutput, upright
-from pi0.rollout.vec_env import EnvFactory, EnvSpec, SerialVecEnv, SubprocVecEnv, WorkerError
+from pi0.rollout.types import (
+    IMAGE_KEYS,
+    LIBERO_WAIT_ACTION,
+    ChunkPolicy,
+    DecisionPoint,
+    Episode,
+    EpisodeRequest,
+    PolicyOutput,
+    upright,
+)
+from pi0.rollout.vec_env import EnvFactory, EnvSpec, SerialVecEnv, SubprocVecEnv, WorkerError, call_with_backoff
 
 __all__ = ["RolloutError", "RolloutRunner", "RunStats", "RunnerConfig", "RunnerHooks", "make_requests"]
 
-LIBERO_DUMMY_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+log = logging.getLogger(__name__)
 
 
 class RolloutError(RuntimeError):
@@ -64,7 +77,7 @@ class RunnerConfig:
     group_size: int = 1  # default K of run()
     schedule: str = "greedy"  # "greedy" | "grouped"
     settle_steps: int = 0  # extra do-nothing steps after reset (LiberoEnv already does its own wait steps)
-    settle_action: tuple[float, ...] = LIBERO_DUMMY_ACTION
+    settle_action: tuple[float, ...] = LIBERO_WAIT_ACTION
     remote_chunks: bool = True  # execute whole chunks in the worker (1 round trip per decision)
     store_images: bool = True  # keep the image keys of decision-point observations (False: low-dim keys only)
     record_video: bool = False  # keep upright agentview frames (decision points + final frame)
@@ -72,7 +85,7 @@ class RunnerConfig:
     use_subprocess: bool = True  # False: in-process SerialVecEnv (debugging, baselines)
     step_timeout: float = 120.0  # seconds without a reply before a worker counts as hung
     start_timeout: float = 600.0  # seconds to build an env in a (re)started worker
-    make_attempts: int = 3  # env creation attempts (exponential backoff)
+    make_attempts: int = 3  # env creation / worker respawn attempts (exponential backoff)
     make_backoff: float = 0.5  # first backoff in seconds (doubles each attempt)
     recreate_every: int | None = None  # re-create each worker's env every N episodes
     max_episode_attempts: int = 3  # an episode may be started this many times before RolloutError
@@ -97,6 +110,7 @@ class RunStats:
     policy_calls: int = 0
     batch_sizes: list[int] = field(default_factory=list)
     worker_failures: int = 0
+    respawn_failures: int = 0  # respawned workers that died / failed during start-up (then retried)
     wall_time: float = 0.0
     policy_time: float = 0.0
     success_rate: float = 0.0
@@ -211,6 +225,36 @@ class RolloutRunner:
             return servers[index].describe()
         return {}
 
+    def _respawn(self, worker: int, overrides: dict[str, Any] | None, stats: RunStats,
+                 req: EpisodeRequest | None) -> None:
+        """Respawn ``worker``, retrying with exponential backoff; RolloutError once the attempts are used up.
+
+        Attempts and backoff come from the vec env (``make_attempts``, ``make_backoff``,
+        ``make_backoff_max``), falling back to this runner's config for a vec env without them.
+        """
+        vec, c = self._vec, self.config
+        attempts = max(1, int(getattr(vec, "make_attempts", c.make_attempts)))
+        backoff = float(getattr(vec, "make_backoff", c.make_backoff))
+        backoff_max = float(getattr(vec, "make_backoff_max", 30.0))
+        tries = 0
+
+        def attempt() -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                vec.respawn(worker, overrides=overrides)
+            except WorkerError as exc:
+                stats.respawn_failures += 1
+                log.warning("respawn %d/%d of env worker %d failed: %s", tries, attempts, worker, exc)
+                raise
+
+        try:
+            call_with_backoff(attempt, attempts, backoff, backoff_max, retry_on=WorkerError)
+        except WorkerError as exc:
+            what = f" (its interrupted episode {req.key} cannot be re-run)" if req is not None else ""
+            raise RolloutError(f"env worker {worker} could not be respawned after {attempts} attempts{what}; "
+                               f"last error: {exc}") from exc
+
     def close(self) -> None:
         """Stop the workers (if this runner started them); idempotent."""
         if self._vec is not None and self._owns_vec:
@@ -296,7 +340,7 @@ class RolloutRunner:
                 self.hooks.on_worker_failure(self, worker, req, exc)
             task = req.task_id if req is not None else self._worker_task[worker]
             overrides = {"task_id": task} if task is not None and self._worker_task[worker] is not None else None
-            vec.respawn(worker, overrides=overrides)
+            self._respawn(worker, overrides, stats, req)
             if overrides is not None:
                 self._worker_task[worker] = task
             if req is None:

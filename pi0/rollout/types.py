@@ -1,6 +1,8 @@
 """Data types of the rollout engine: the chunk-policy protocol, episode requests and records.
 
 Nothing here imports torch; everything is numpy so records can cross process boundaries cheaply.
+This is also the single home of the small constants shared by the envs and the rollout engine
+(:data:`LIBERO_WAIT_ACTION`); :func:`upright` is :func:`pi0.transforms.rotate_180`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pi0.transforms import rotate_180
+
 __all__ = [
     "ChunkPolicy",
     "DecisionPoint",
@@ -17,15 +21,18 @@ __all__ = [
     "EpisodeRequest",
     "PolicyOutput",
     "IMAGE_KEYS",
+    "LIBERO_WAIT_ACTION",
     "upright",
 ]
 
 IMAGE_KEYS: tuple[str, ...] = ("agentview_image", "robot0_eye_in_hand_image")
 
+# LIBERO's do-nothing action with the gripper open (-1): the settle/wait action after a reset (the
+# arena uses the same action convention). A tuple so that it is immutable and hashable (dataclass default).
+LIBERO_WAIT_ACTION: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 
-def upright(image: np.ndarray) -> np.ndarray:
-    """Rotate an ``(H, W, 3)`` MuJoCo-convention (upside-down) image by 180 degrees (contiguous copy)."""
-    return np.ascontiguousarray(image[::-1, ::-1])
+# MuJoCo renders upside down; ``upright(img)`` turns an (H, W, C) / (B, H, W, C) camera image upright.
+upright = rotate_180
 
 
 @dataclass

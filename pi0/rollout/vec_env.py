@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pi0.rollout.types import IMAGE_KEYS, upright
+from pi0.rollout.types import IMAGE_KEYS, LIBERO_WAIT_ACTION, upright
 
 __all__ = [
     "EnvCreationError",
@@ -62,6 +62,7 @@ __all__ = [
     "WorkerDied",
     "WorkerError",
     "WorkerTimeout",
+    "call_with_backoff",
     "check_env_factory",
     "make_env_with_retry",
 ]
@@ -203,21 +204,36 @@ def check_env_factory(factory: EnvFactory, max_bytes: int = 1 << 20) -> int:
     return size
 
 
+def call_with_backoff(fn: Callable[[], Any], attempts: int, backoff: float = 0.5, backoff_max: float = 30.0,
+                      retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+                      sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Call ``fn()`` up to ``attempts`` times, sleeping ``backoff * 2**k`` (capped at ``backoff_max``) between tries.
+
+    Only ``retry_on`` exceptions are retried; the last one is re-raised once the attempts are used up.
+    """
+    if attempts < 1:
+        raise ValueError("attempts must be >= 1")
+    for k in range(attempts):
+        try:
+            return fn()
+        except retry_on:
+            if k + 1 >= attempts:
+                raise
+            sleep(min(backoff * (2 ** k), backoff_max))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def make_env_with_retry(factory: EnvFactory, overrides: Mapping[str, Any] | None = None, attempts: int = 3,
                         backoff: float = 0.5, backoff_max: float = 30.0,
                         sleep: Callable[[float], None] = time.sleep) -> Any:
     """Call ``factory(**overrides)`` up to ``attempts`` times, sleeping ``backoff * 2**k`` (capped) between tries."""
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
-    last: BaseException | None = None
-    for k in range(attempts):
-        try:
-            return factory(**dict(overrides or {}))
-        except Exception as exc:  # noqa: BLE001 - retried, then re-raised
-            last = exc
-            if k + 1 < attempts:
-                sleep(min(backoff * (2 ** k), backoff_max))
-    raise EnvCreationError(f"env creation failed after {attempts} attempts: {last!r}") from last
+    kwargs = dict(overrides or {})
+    try:
+        return call_with_backoff(lambda: factory(**kwargs), attempts, backoff, backoff_max, sleep=sleep)
+    except Exception as exc:  # noqa: BLE001 - every creation failure becomes an EnvCreationError
+        raise EnvCreationError(f"env creation failed after {attempts} attempts: {exc!r}") from exc
 
 
 # ---------------------------------------------------------------------------------- env server
@@ -322,7 +338,7 @@ class _EnvServer:
         obs, info = self.base.reset(seed=seed, options=options)
         self.episodes_since_make += 1
         if settle_steps:
-            act = np.asarray(settle_action if settle_action is not None else [0, 0, 0, 0, 0, 0, -1.0], np.float64)
+            act = np.asarray(settle_action if settle_action is not None else LIBERO_WAIT_ACTION, np.float64)
             for k in range(settle_steps):
                 obs, _, _, _, info = self._step(act, render and k == settle_steps - 1)
         u = self.unwrapped
@@ -461,6 +477,23 @@ class _VecEnvBase:
     """Command helpers shared by the subprocess and the in-process vector envs."""
 
     num_envs: int
+    _opts: dict[str, Any]
+
+    # Env-creation retry settings (also used by the runner to retry a failed respawn).
+    @property
+    def make_attempts(self) -> int:
+        """Env creation attempts per (re)start."""
+        return int(self._opts["make_attempts"])
+
+    @property
+    def make_backoff(self) -> float:
+        """First retry delay in seconds (doubles each attempt)."""
+        return float(self._opts["make_backoff"])
+
+    @property
+    def make_backoff_max(self) -> float:
+        """Cap on the retry delay in seconds."""
+        return float(self._opts["make_backoff_max"])
 
     def reset_async(self, index: int, *, task_id: int | None = None, init_state_id: int | None = None,
                     seed: int | None = None, render: bool = True, settle_steps: int = 0,
@@ -654,6 +687,7 @@ class SubprocVecEnv(_VecEnvBase):
             kind, payload = recv_obj(w.conn)
         except (EOFError, OSError) as exc:
             w.broken = True
+            w.process.join(1.0)  # EOF: it is exiting; reap it so that its exit code can be reported
             raise EnvCreationError(f"env worker {index} died during start-up (exit code "
                                    f"{w.process.exitcode})", index, w.pid) from exc
         except EnvCreationError:

@@ -9,8 +9,14 @@ faster than write-to-temp + rename on ext4). ``durable=True`` adds an ``fsync`` 
 threads sharing one open file). Instances pickle to their path, so they can be handed to spawned
 processes.
 
-Only call :meth:`cleanup` when no other process uses the counter any more (e.g. rank 0 after a
-barrier): a process that re-creates the lock file after removal would lock a different inode.
+Cleanup: ``with FileGlobalCounter(path) as c: ...`` removes the value file, the lock file and the
+directories the counter had to create when the block exits; :meth:`cleanup` does the same
+explicitly (idempotent). It takes the exclusive lock first, so it never removes the files in the
+middle of another process's update. Only call it when no other process will use the counter any
+more (e.g. rank 0 after a barrier): a process that touches the counter after the removal
+re-creates the files (and locks a different inode than a process still holding the old one).
+:meth:`close` only closes this handle's file descriptors (also done when the handle is garbage
+collected); the counter itself stays.
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ class FileGlobalCounter:
         self._tlock = threading.Lock()
         self._fds: tuple[int, int] | None = None  # (lock fd, data fd)
         self._fd_pid: int | None = None
+        # Directories created here (deepest first), removed again by cleanup() if they are empty.
+        self._created_dirs: list[Path] = []
+        missing = self.path.parent
+        while not missing.exists():
+            self._created_dirs.append(missing)
+            missing = missing.parent
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ locking
@@ -100,13 +112,47 @@ class FileGlobalCounter:
             self._fd_pid = None
 
     def cleanup(self) -> None:
-        """Remove the value file and the lock file (idempotent)."""
+        """Remove the value file, the lock file and the (now empty) directories this handle created; idempotent.
+
+        The files are removed while holding the exclusive lock, so an update running in another
+        process completes first. Call it only once no other process will use the counter again.
+        """
         self.close()
-        for p in (self.path, self.lock_path):
+        with self._tlock:
             try:
-                p.unlink()
+                lock = os.open(self.lock_path, os.O_RDWR)  # no O_CREAT: never re-create what is being removed
             except FileNotFoundError:
-                pass
+                lock = None
+            try:
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                for p in (self.path, self.lock_path):
+                    try:
+                        p.unlink()
+                    except FileNotFoundError:
+                        pass
+            finally:
+                if lock is not None:
+                    os.close(lock)  # releases the flock
+            for d in self._created_dirs:  # deepest first
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    continue
+                except OSError:  # not empty (other files / counters): neither are its parents
+                    break
+
+    def __del__(self) -> None:
+        # Do not leak this handle's descriptors when it is dropped without close(). No lock here: nothing
+        # else can use an unreachable handle (and a thread lock copied by fork() may be held forever).
+        fds, pid = getattr(self, "_fds", None), getattr(self, "_fd_pid", None)
+        if fds is not None and pid == os.getpid():
+            self._fds = None
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def __enter__(self) -> "FileGlobalCounter":
         return self
