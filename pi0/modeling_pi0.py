@@ -71,6 +71,17 @@ class PI0Model(nn.Module):
         """Activation dtype."""
         return self.paligemma_with_expert.compute_dtype
 
+    @torch.no_grad()
+    def round_params_(self, dtype: torch.dtype = torch.bfloat16) -> "PI0Model":
+        """Round every weight through ``dtype`` in place, keeping its storage dtype.
+
+        Unmodified openpi serving (create_trained_policy -> restore_params(dtype=bfloat16)) runs a float32
+        model on bf16-rounded weights; this reproduces those numbers exactly.
+        """
+        for p in self.parameters():
+            p.copy_(p.to(dtype).to(p.dtype))
+        return self
+
     def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """Apply ``layer`` after casting x to its weight dtype."""
         return layer(x.to(layer.weight.dtype))
@@ -403,11 +414,12 @@ class PI0Policy(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        **overrides: Any) -> "PI0Policy":
+                        openpi_bf16_params: bool = False, **overrides: Any) -> "PI0Policy":
         """Load a directory written by ``save_pretrained`` / the converter.
 
         ``overrides`` patch config.json: PolicyConfig fields (n_action_steps, num_steps, ...) or Pi0Config
-        fields (dtype="bfloat16", attn_implementation="sdpa", ...).
+        fields (dtype="bfloat16", attn_implementation="sdpa", ...). ``openpi_bf16_params`` rounds the
+        weights to bf16 as unmodified openpi serving does (see ``PI0Model.round_params_``).
         """
         directory = Path(directory)
         files = checkpoint_io.check_policy_dir(directory)
@@ -436,6 +448,8 @@ class PI0Policy(nn.Module):
         checkpoint_io.load_into(model, {k.removeprefix("model."): v for k, v in state.items()},
                                 source=files["model.safetensors"])
         model.apply_precision()
+        if openpi_bf16_params:
+            model.round_params_(torch.bfloat16)
         policy = cls(config, norm_stats, tokenizer, model)
         return policy.to(device).eval()
 

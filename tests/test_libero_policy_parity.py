@@ -50,3 +50,12 @@ def test_action_chunks_match_openpi(converted_tiny, ref):
     no_delta = PI0Policy.from_pretrained(converted_tiny, delta_action_dims=0)
     plain = predict_libero_action_chunk(no_delta, _env_obs(ref, 0), str(ref["prompt"][0]), noise=ref["noise"][0])
     assert np.abs(plain - ref["output/actions_delta_unnormalized"][0, :, :7]).max() < 1e-4
+
+
+def test_openpi_serving_numerics_with_bf16_rounded_params(converted_tiny, ref):
+    """Unmodified openpi serving rounds weights to bf16 (float32 compute); openpi_bf16_params reproduces it."""
+    policy = PI0Policy.from_pretrained(converted_tiny, openpi_bf16_params=True)
+    for i in range(ref["actions"].shape[0]):
+        actions = predict_libero_action_chunk(policy, _env_obs(ref, i), str(ref["prompt"][i]), noise=ref["noise"][i])
+        assert np.abs(actions - ref["actions_bf16_params"][i]).max() < 1e-4
+        assert np.abs(actions - ref["actions"][i]).max() > 1e-3  # the rounding really changes the numbers
