@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -51,7 +50,7 @@ def _images_ok(obs: dict) -> None:
 # ------------------------------------------------------------------------------------- cheap, no simulator
 def test_bad_arguments_fail_fast_without_creating_a_simulator():
     code = r"""
-import sys, time
+import sys
 import gymnasium as gym
 import pi0.envs
 from pi0.envs.libero_env import LiberoEnv
@@ -63,14 +62,13 @@ cases = [
     (lambda: LiberoEnv("libero_goal", True), "0..9"),
 ]
 for make, needle in cases:
-    t = time.time()
     try:
         make()
     except ValueError as err:
         assert needle in str(err), (needle, str(err))
     else:
         raise AssertionError("no ValueError")
-    assert time.time() - t < 10.0, time.time() - t  # generous (loaded CI); the import check below is the test
+# "fails before any expensive work": the simulator was never even imported (no timing assertion)
 assert not any(m.startswith(("robosuite", "mujoco")) for m in sys.modules), "simulator was imported"
 print("ok")
 """
