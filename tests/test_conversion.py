@@ -172,3 +172,17 @@ def test_experts_of_different_widths_share_attention():
     again = model.sample_actions(imgs2, masks, tokens, tmask, state, noise, num_steps=5)
     torch.testing.assert_close(again[1], cached[1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(again[0], cached[0], atol=1e-3)  # ...but it does influence the sample that sees it
+
+
+def test_flatten_tree_strips_value_and_keeps_bf16():
+    import ml_dtypes
+
+    from pi0.conversion import flatten_tree
+
+    bf = np.array([1.5, -2.25], dtype=ml_dtypes.bfloat16)
+    flat = flatten_tree({"PaliGemma": {"llm": {"w": {"value": bf}}}, "state_proj": {"bias": np.ones(2)}})
+    assert sorted(flat) == ["PaliGemma/llm/w", "state_proj/bias"]
+    # bf16 leaves (openpi may store them) go through the key map and convert to float32 losslessly
+    out = dict(key_rules(CFG)["state_proj/kernel"](np.array([[1.5, -2.25]], dtype=ml_dtypes.bfloat16)))
+    np.testing.assert_array_equal(np.array(out["state_proj.weight"], dtype=np.float32), [[1.5], [-2.25]])
+    assert flat["PaliGemma/llm/w"].dtype == bf.dtype
