@@ -92,15 +92,9 @@ class EnvStats:
 
 
 @dataclass
-class RolloutStats:
+class RolloutStats(EnvStats):
     """Statistics over all rollouts (std is the population std, ddof=0) plus a per-env breakdown."""
 
-    num_episodes: int
-    mean_return: float
-    std_return: float
-    mean_length: float
-    total_steps: int
-    success_rate: float | None
     wall_time: float
     per_env: dict[int, EnvStats]
 
