@@ -38,6 +38,7 @@ class EvalConfig:
     num_videos: int = 1  # mp4s of the first M episodes per task
     video_fps: float = 4.0  # frames are taken at decision points (every replan_steps env steps)
     debug: bool = False  # write a debug session for the first episode of each task
+    resume: bool = False  # skip episodes already recorded in <out_dir>/episodes.jsonl (after a crash)
     seed: int = 7  # flow-noise generator seed (openpi's LIBERO eval uses 7)
     out_dir: str = "outputs/eval"
     use_subprocess: bool = True
@@ -59,22 +60,47 @@ def check_tasks(suite: str, task_ids: list[int] | None, num_trials: int) -> list
     return [valid[t] for t in ids]
 
 
+def _load_records(path: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """Finished-episode records of an earlier (interrupted) run, keyed by (task_id, trial)."""
+    records = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                records[(r["task_id"], r["trial"])] = r
+    return records
+
+
 def evaluate_libero(policy: PI0Policy, cfg: EvalConfig) -> dict[str, Any]:
-    """Run the evaluation; writes results.json (+ videos, debug sessions) under ``cfg.out_dir``."""
+    """Run the evaluation; writes results.json (+ videos, debug sessions) under ``cfg.out_dir``.
+
+    Every finished episode is appended to ``episodes.jsonl`` as soon as it ends, so ``resume=True``
+    continues an interrupted evaluation without re-running what was done.
+    """
     tasks = check_tasks(cfg.suite, cfg.task_ids, cfg.num_trials)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    first_of_task = {t: t_idx * cfg.num_trials for t_idx, (t, _, _) in enumerate(tasks)}
-    keep_frames = {first_of_task[t] + k for t in first_of_task for k in range(cfg.num_videos)}
-    keep_decisions = set(first_of_task.values()) if cfg.debug else set()
+    log_path = out / "episodes.jsonl"
+    records = _load_records(log_path) if cfg.resume else {}
+    if not cfg.resume:
+        log_path.write_text("")
+    wanted = [(t, k) for t, _, _ in tasks for k in range(cfg.num_trials)]
+    todo = [key for key in wanted if key not in records]
+    keep_frames = {(t, k) for t, _, _ in tasks for k in range(cfg.num_videos)}
+    keep_decisions = {(t, 0) for t, _, _ in tasks} if cfg.debug else set()
 
     def on_episode_end(_: RolloutRunner, ep: Episode) -> None:
-        """Write this episode's video / debug session now, then drop its heavy arrays."""
-        if ep.index in keep_frames and ep.frames:
+        """Log the episode, write its video / debug session now, then drop its heavy arrays."""
+        key = (ep.task_id, ep.init_state_id)
+        records[key] = {"task_id": ep.task_id, "trial": ep.init_state_id, "success": bool(ep.success),
+                        "length": ep.length, "attempts": ep.attempts}
+        with log_path.open("a") as f:
+            f.write(json.dumps(records[key]) + "\n")
+        if key in keep_frames and ep.frames:
             outcome = "success" if ep.success else "failure"
             write_video(out / "videos" / f"{cfg.suite}_task{ep.task_id}_trial{ep.init_state_id}_{outcome}.mp4",
                         ep.frames, fps=cfg.video_fps)
-        if ep.index in keep_decisions:
+        if key in keep_decisions:
             write_debug_session(out / "debug" / f"task{ep.task_id}_init{ep.init_state_id}", ep,
                                 {"suite": cfg.suite, "replan_steps": cfg.replan_steps, "seed": cfg.seed,
                                  "source": "2_test_pi0_on_libero"})
@@ -82,29 +108,29 @@ def evaluate_libero(policy: PI0Policy, cfg: EvalConfig) -> dict[str, Any]:
         ep.decisions = []
 
     gen = torch.Generator().manual_seed(cfg.seed)
-    spec = libero_env_spec(cfg.suite, task_id=tasks[0][0], **cfg.extra_env_kwargs)
+    spec = libero_env_spec(cfg.suite, task_id=todo[0][0] if todo else tasks[0][0], **cfg.extra_env_kwargs)
     if cfg.max_steps is not None:
         spec = spec.replace(max_steps=cfg.max_steps)
     runner = LIBEROEnvRunner(spec, Pi0ChunkPolicy(policy, gen), num_envs=cfg.num_envs,
                              replan_steps=cfg.replan_steps, record_video=cfg.num_videos > 0, progress=True,
                              use_subprocess=cfg.use_subprocess, hooks=RunnerHooks(on_episode_end=on_episode_end))
     t0 = time.perf_counter()
-    with runner:
-        episodes = runner.run([(t, k) for t, _, _ in tasks for k in range(cfg.num_trials)])
+    if todo:
+        with runner:
+            runner.run(todo)
     wall = time.perf_counter() - t0
+    episodes = [records[key] for key in wanted]
     per_task = {}
     for t, lang, _ in tasks:
-        eps = [e for e in episodes if e.task_id == t]
-        per_task[str(t)] = {"language": lang, "episodes": len(eps), "successes": int(sum(e.success for e in eps)),
-                            "success_rate": float(np.mean([e.success for e in eps])),
-                            "mean_length": float(np.mean([e.length for e in eps]))}
+        eps = [e for e in episodes if e["task_id"] == t]
+        per_task[str(t)] = {"language": lang, "episodes": len(eps), "successes": int(sum(e["success"] for e in eps)),
+                            "success_rate": float(np.mean([e["success"] for e in eps])),
+                            "mean_length": float(np.mean([e["length"] for e in eps]))}
     stats = runner.last_stats
     results = {
-        "suite": cfg.suite, "success_rate": float(np.mean([e.success for e in episodes])),
-        "num_episodes": len(episodes), "per_task": per_task,
-        "episodes": [{"task_id": e.task_id, "trial": e.init_state_id, "success": e.success, "length": e.length,
-                      "attempts": e.attempts} for e in episodes],
-        "max_steps": cfg.max_steps or SUITE_MAX_STEPS[cfg.suite], "wall_time_s": wall,
+        "suite": cfg.suite, "success_rate": float(np.mean([e["success"] for e in episodes])),
+        "num_episodes": len(episodes), "num_resumed": len(wanted) - len(todo), "per_task": per_task,
+        "episodes": episodes, "max_steps": cfg.max_steps or SUITE_MAX_STEPS[cfg.suite], "wall_time_s": wall,
         "env_steps_per_s": stats.steps_per_second, "policy_calls": stats.policy_calls,
         "mean_batch_size": stats.mean_batch_size, "worker_failures": stats.worker_failures,
         "config": asdict(cfg),

@@ -1,5 +1,6 @@
 """LIBERO end to end through the shared runner core: tiny pi0, one subprocess env, a few decision points."""
 
+import dataclasses
 import json
 
 import imageio.v3 as iio
@@ -35,3 +36,18 @@ def test_stage2_path_writes_results_video_and_debug(tmp_path):
     assert frames.std() > 5  # a rendered scene, not a blank image
     z = np.load(tmp_path / "debug" / "task0_init0" / "decisions.npz")
     assert z["processed/image"].shape == (3, 224, 224, 3) and z["actions/executed"].shape == (3, 5, 7)
+
+
+def test_resume_skips_finished_episodes(tmp_path):
+    """An interrupted evaluation continues from episodes.jsonl instead of starting over."""
+    cfg = EvalConfig(suite="libero_spatial", task_ids=[0], num_trials=2, num_envs=1, max_steps=5, num_videos=0,
+                     out_dir=str(tmp_path), use_subprocess=False)
+    # Pretend trial 0 finished before a crash (a record the simulator could never produce: length 3 of 5).
+    (tmp_path / "episodes.jsonl").write_text(json.dumps({"task_id": 0, "trial": 0, "success": True, "length": 3,
+                                                         "attempts": 1}) + "\n")
+    results = evaluate_libero(tiny_policy(), dataclasses.replace(cfg, resume=True))
+    assert results["num_resumed"] == 1 and results["num_episodes"] == 2
+    assert [e["length"] for e in results["episodes"]] == [3, 5]  # trial 0 kept, trial 1 run now
+    assert results["success_rate"] == 0.5 and results["policy_calls"] == 1
+    lines = (tmp_path / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["trial"] == 1
