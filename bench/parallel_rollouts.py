@@ -9,6 +9,11 @@ Modes (``--mode``):
   round (``RandomChunkPolicy``; ``--infer_ms`` / ``--infer_ms_per_sample`` emulate inference time).
 * ``both`` (default).
 
+``--envs_per_worker M`` (default 1) hosts M envs in each worker process (``SubprocVecEnv``'s
+coalesced mode: one batched message + one batched reply per process per round) in both modes;
+``--workers`` then counts processes, the vector env has ``workers * M`` envs, ``--steps`` is per
+env (raw) and ``--episodes_per_worker`` is per env (runner).
+
 Also reported: serial steps/s with a render on EVERY step (the "incl. rendering" number), speed-up
 ratios vs the serial loop, RSS of each worker and of this process.
 
@@ -16,6 +21,7 @@ Examples::
 
     .venv/bin/python bench/parallel_rollouts.py                       # arena, workers 1,2,4
     .venv/bin/python bench/parallel_rollouts.py --env libero --workers 1,2 --steps 300
+    .venv/bin/python bench/parallel_rollouts.py --mode raw --workers 1,2 --envs_per_worker 8
 """
 
 from __future__ import annotations
@@ -72,37 +78,55 @@ def bench_serial(spec: EnvSpec, steps: int, chunk: int, scale: float, render_eve
 
 
 def bench_raw(spec: EnvSpec, workers: int, steps_per_worker: int, chunk: int, scale: float,
-              timeout: float) -> dict[str, Any]:
-    """Steps/s of ``workers`` subprocess envs driven chunk-by-chunk (one round trip per chunk)."""
+              timeout: float, envs_per_worker: int = 1) -> dict[str, Any]:
+    """Steps/s of ``workers`` subprocess workers (``envs_per_worker`` envs each) driven chunk-by-chunk.
+
+    One round = one chunk (or, after an episode end, one reset) per active env; with one env per
+    worker that is one round trip per chunk, with more the commands of one worker are coalesced.
+    """
     rng = np.random.default_rng(0)
+    n_env = workers * envs_per_worker
     t_start = time.perf_counter()
-    with SubprocVecEnv(spec, workers, step_timeout=timeout) as vec:
+    with SubprocVecEnv(spec, n_env, step_timeout=timeout, envs_per_worker=envs_per_worker) as vec:
         startup = time.perf_counter() - t_start
-        for i in range(workers):
-            vec.reset(i, init_state_id=i)
-        counts = [0] * workers
-        episodes = [0] * workers
+        for i in range(n_env):
+            vec.reset_async(i, init_state_id=i % 50)
+        for i in range(n_env):
+            vec.recv(i)
+        counts = [0] * n_env
+        episodes = [0] * n_env
+        needs_reset = [False] * n_env
         env_time = 0.0
+        msgs0 = vec.num_messages_sent
         t0 = time.perf_counter()
-        active = list(range(workers))
+        active = list(range(n_env))
+        rounds = 0
         while active:
+            rounds += 1
             for i in active:
-                vec.chunk_async(i, random_chunk(rng, chunk, scale), render="decision")
+                if needs_reset[i]:
+                    vec.reset_async(i, init_state_id=(i + n_env * episodes[i]) % 50)
+                else:
+                    vec.chunk_async(i, random_chunk(rng, chunk, scale), render="decision")
             nxt = []
             for i in active:
                 rep = vec.recv(i)
-                counts[i] += rep["n"]
-                env_time += rep["env_time"]
-                if rep["terminated"] or rep["truncated"]:
-                    episodes[i] += 1
-                    vec.reset_async(i, init_state_id=(i + workers * episodes[i]) % 50)
-                    vec.recv(i)
+                if needs_reset[i]:
+                    needs_reset[i] = False
+                else:
+                    counts[i] += rep["n"]
+                    env_time += rep["env_time"]
+                    if rep["terminated"] or rep["truncated"]:
+                        episodes[i] += 1
+                        needs_reset[i] = True
                 if counts[i] < steps_per_worker:
                     nxt.append(i)
             active = nxt
         dt = time.perf_counter() - t0
-        rss = vec.worker_rss()
-    return {"steps_per_s": sum(counts) / dt, "startup_s": startup, "rss": rss, "env_busy": env_time / (dt * workers)}
+        rss = vec.worker_rss(per_process=True)
+        msgs = vec.num_messages_sent - msgs0
+    return {"steps_per_s": sum(counts) / dt, "startup_s": startup, "rss": rss, "env_busy": env_time / (dt * workers),
+            "msgs_per_round": msgs / max(1, rounds)}
 
 
 def bench_runner(spec: EnvSpec, workers: int, episodes: int, chunk: int, args: argparse.Namespace,
@@ -111,13 +135,14 @@ def bench_runner(spec: EnvSpec, workers: int, episodes: int, chunk: int, args: a
     policy = LatencyPolicy(RandomChunkPolicy(horizon=chunk, seed=0, low=-args.scale, high=args.scale),
                            base_s=args.infer_ms / 1e3, per_sample_s=args.infer_ms_per_sample / 1e3)
     inits = [(args.task_id, k % 50) for k in range(episodes)]
-    with RolloutRunner(spec, policy, num_envs=workers, replan_steps=chunk, use_subprocess=subprocess,
-                       step_timeout=args.timeout, max_steps=args.max_steps) as runner:
+    m = args.envs_per_worker if subprocess else 1
+    with RolloutRunner(spec, policy, num_envs=workers * m, envs_per_worker=m, replan_steps=chunk,
+                       use_subprocess=subprocess, step_timeout=args.timeout, max_steps=args.max_steps) as runner:
         _ = runner.vec_env  # start the workers outside the timed region
         t0 = time.perf_counter()
         eps = runner.run(inits)
         dt = time.perf_counter() - t0
-        rss = runner.vec_env.worker_rss() if subprocess else []
+        rss = runner.vec_env.worker_rss(per_process=True) if subprocess else []
         st = runner.last_stats
     return {"steps_per_s": sum(e.length for e in eps) / dt, "rss": rss, "batch": st.mean_batch_size,
             "policy_s": st.policy_time, "wall_s": dt}
@@ -139,13 +164,16 @@ def main() -> None:
     p.add_argument("--infer_ms", type=float, default=0.0, help="emulated inference time per policy call")
     p.add_argument("--infer_ms_per_sample", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--envs_per_worker", type=int, default=1,
+                   help="envs hosted by each worker process (coalesced messages); raw and runner modes")
     args = p.parse_args()
     if args.env == "libero" and args.scale == 1.0:
         args.scale = 0.3
     spec = env_spec(args)
     workers = [int(w) for w in args.workers.split(",")]
     me = psutil.Process()
-    print(f"env={spec.id} kwargs={spec.kwargs} chunk={args.chunk} cpus={os.cpu_count()} "
+    m = args.envs_per_worker
+    print(f"env={spec.id} kwargs={spec.kwargs} chunk={args.chunk} envs_per_worker={m} cpus={os.cpu_count()} "
           f"affinity={len(me.cpu_affinity()) if hasattr(me, 'cpu_affinity') else '?'}")
 
     serial_every = bench_serial(spec, args.steps, args.chunk, args.scale, render_every_step=True)
@@ -154,25 +182,27 @@ def main() -> None:
     print(f"serial in-process, render at decisions   : {serial:10.0f} steps/s   (baseline for speed-ups)")
 
     if args.mode in ("raw", "both"):
-        print("\nraw vector env (one round trip per chunk):")
-        print(f"{'workers':>8} {'steps/s':>10} {'speed-up':>9} {'env busy':>9} {'startup s':>10} {'worker RSS MB':>22}")
+        print(f"\nraw vector env (one round trip per chunk{'' if m == 1 else f' per {m} envs'}):")
+        print(f"{'workers':>8} {'envs':>5} {'steps/s':>10} {'speed-up':>9} {'env busy':>9} {'startup s':>10} "
+              f"{'msgs/round':>10} {'worker RSS MB':>22}")
         for n in workers:
-            r = bench_raw(spec, n, args.steps, args.chunk, args.scale, args.timeout)
+            r = bench_raw(spec, n, args.steps, args.chunk, args.scale, args.timeout, m)
             rss = ", ".join(f"{x / MB:.0f}" for x in r["rss"])
-            print(f"{n:>8} {r['steps_per_s']:>10.0f} {r['steps_per_s'] / serial:>8.2f}x {r['env_busy']:>8.0%} "
-                  f"{r['startup_s']:>10.2f} {rss:>22}")
+            print(f"{n:>8} {n * m:>5} {r['steps_per_s']:>10.0f} {r['steps_per_s'] / serial:>8.2f}x "
+                  f"{r['env_busy']:>8.0%} {r['startup_s']:>10.2f} {r['msgs_per_round']:>10.2f} {rss:>22}")
 
     if args.mode in ("runner", "both"):
         print(f"\nRolloutRunner (batched policy calls; infer {args.infer_ms} ms + {args.infer_ms_per_sample} ms/sample):")
-        print(f"{'workers':>8} {'steps/s':>10} {'speed-up':>9} {'mean batch':>11} {'policy s':>9} {'worker RSS MB':>22}")
+        print(f"{'workers':>8} {'envs':>5} {'steps/s':>10} {'speed-up':>9} {'mean batch':>11} {'policy s':>9} "
+              f"{'worker RSS MB':>22}")
         r = bench_runner(spec, 1, args.episodes_per_worker, args.chunk, args, subprocess=False)
-        print(f"{'serial':>8} {r['steps_per_s']:>10.0f} {r['steps_per_s'] / serial:>8.2f}x {r['batch']:>11.1f} "
+        print(f"{'serial':>8} {1:>5} {r['steps_per_s']:>10.0f} {r['steps_per_s'] / serial:>8.2f}x {r['batch']:>11.1f} "
               f"{r['policy_s']:>9.2f} {'(in-process)':>22}")
         for n in workers:
-            r = bench_runner(spec, n, args.episodes_per_worker * n, args.chunk, args)
+            r = bench_runner(spec, n, args.episodes_per_worker * n * m, args.chunk, args)
             rss = ", ".join(f"{x / MB:.0f}" for x in r["rss"])
-            print(f"{n:>8} {r['steps_per_s']:>10.0f} {r['steps_per_s'] / serial:>8.2f}x {r['batch']:>11.1f} "
-                  f"{r['policy_s']:>9.2f} {rss:>22}")
+            print(f"{n:>8} {n * m:>5} {r['steps_per_s']:>10.0f} {r['steps_per_s'] / serial:>8.2f}x "
+                  f"{r['batch']:>11.1f} {r['policy_s']:>9.2f} {rss:>22}")
     print(f"\nmain process RSS: {me.memory_info().rss / MB:.0f} MB")
 
 

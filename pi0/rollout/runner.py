@@ -71,7 +71,8 @@ class RolloutError(RuntimeError):
 class RunnerConfig:
     """Settings of :class:`RolloutRunner` (subclasses change the defaults, not the loop)."""
 
-    num_envs: int = 4  # worker processes (or in-process envs with use_subprocess=False)
+    num_envs: int = 4  # envs (one worker process each, or in-process envs with use_subprocess=False)
+    envs_per_worker: int = 1  # >1: each worker process hosts this many envs, one batched message per round
     replan_steps: int = 5  # actions executed from each predicted chunk before replanning
     max_steps: int | None = None  # optional cap on policy steps per episode (the env truncates too)
     group_size: int = 1  # default K of run()
@@ -187,8 +188,8 @@ class RolloutRunner:
         c = self.config
         if c.schedule not in ("greedy", "grouped"):
             raise ValueError(f"schedule must be 'greedy' or 'grouped', got {c.schedule!r}")
-        if c.replan_steps < 1 or c.num_envs < 1:
-            raise ValueError("replan_steps and num_envs must be >= 1")
+        if c.replan_steps < 1 or c.num_envs < 1 or c.envs_per_worker < 1:
+            raise ValueError("replan_steps, num_envs and envs_per_worker must be >= 1")
         self.env_factory = env_factory
         self.policy = policy
         self.hooks = hooks or RunnerHooks()
@@ -207,7 +208,7 @@ class RolloutRunner:
             cls = SubprocVecEnv if c.use_subprocess else SerialVecEnv
             self._vec = cls(self.env_factory, c.num_envs, step_timeout=c.step_timeout, start_timeout=c.start_timeout,
                             make_attempts=c.make_attempts, make_backoff=c.make_backoff,
-                            recreate_every=c.recreate_every)
+                            recreate_every=c.recreate_every, envs_per_worker=c.envs_per_worker)
         if not self._worker_task or len(self._worker_task) != self._vec.num_envs:
             self._worker_task = [self._ready_info(i).get("task_id") for i in range(self._vec.num_envs)]
             # Task affinity only pays off when switching task means re-creating the env (LIBERO).
@@ -217,6 +218,9 @@ class RolloutRunner:
 
     def _ready_info(self, index: int) -> dict[str, Any]:
         """What worker ``index`` reported when its env was built (empty if unknown)."""
+        env_ready_info = getattr(self._vec, "env_ready_info", None)
+        if env_ready_info is not None:
+            return env_ready_info(index)
         workers = getattr(self._vec, "_workers", None)
         if workers and workers[index] is not None:
             return workers[index].ready_info

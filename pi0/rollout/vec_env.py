@@ -21,6 +21,11 @@ Design
   ``make_backoff``); optionally the env is re-created every ``recreate_every`` episodes (resets).
 * ``close()`` is idempotent and reaps every process (no zombies); it also runs at garbage
   collection / interpreter exit.
+* Opt-in ``envs_per_worker=M > 1``: one process hosts M envs (env ``i`` in process ``i // M``);
+  the commands of one process are buffered and sent as ONE ``("batch", ...)`` message at the next
+  ``recv``/``wait``, answered by ONE batched reply that is split into per-env reply queues. A
+  process failure fails every env it hosts (see :class:`SubprocVecEnv`). For cheap envs, whose
+  step costs less than a pipe round trip, this is what makes subprocesses pay off.
 
 Render-on-demand convention (shared with ``LiberoEnv`` and ``ArenaEnv``): an env whose
 ``unwrapped.render_on_demand`` is True gets ``step(action, render=bool)`` and
@@ -434,9 +439,16 @@ def _main_module_hidden(factory: Any) -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict, opts: dict) -> None:
-    """Entry point of a worker process: build the env, then serve commands until close/EOF."""
+def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict | list[dict], opts: dict) -> None:
+    """Entry point of a worker process: build the env, then serve commands until close/EOF.
+
+    ``overrides`` is one dict (one env, plain ``(cmd, payload)`` messages) or a list of dicts
+    (``envs_per_worker > 1``: one env per entry, served by :func:`_serve_many`).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns Ctrl-C and shuts us down
+    if isinstance(overrides, list):
+        _serve_many(conn, factory, overrides, opts)
+        return
     try:
         server = _EnvServer(factory, overrides, **opts)
     except BaseException:  # noqa: BLE001 - report any failure to the parent
@@ -469,6 +481,58 @@ def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict, opt
             server.close()
         except Exception:  # noqa: BLE001
             pass
+        conn.close()
+
+
+def _serve_many(conn: mpc.Connection, factory: EnvFactory, overrides: list[dict], opts: dict) -> None:
+    """Worker loop hosting ``len(overrides)`` envs (``envs_per_worker > 1``).
+
+    Ready message: ``("ready", [describe() per env])``. Commands arrive coalesced:
+    ``("batch", [(local_env, cmd, payload), ...])`` is executed in order and answered with ONE
+    ``("batch", [(kind, result), ...])`` message (``kind`` "ok" or "error" per command, so an env
+    error fails only its own command). ``("close", None)`` stops the worker.
+    """
+    servers: list[_EnvServer] = []
+    try:
+        for o in overrides:
+            servers.append(_EnvServer(factory, o, **opts))
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
+        try:
+            send_obj(conn, ("error", traceback.format_exc()))
+        finally:
+            for s in servers:
+                with contextlib.suppress(Exception):
+                    s.close()
+            conn.close()
+        return
+    try:
+        send_obj(conn, ("ready", [s.describe() for s in servers]))
+        while True:
+            try:
+                cmd, payload = recv_obj(conn)
+            except (EOFError, OSError):
+                break
+            if cmd == "close":
+                for s in servers:
+                    s.close()
+                send_obj(conn, ("ok", None))
+                break
+            if cmd != "batch":
+                send_obj(conn, ("error", f"unknown command {cmd!r} for a multi-env worker"))
+                continue
+            results: list[tuple[str, Any]] = []
+            for local, sub, sub_payload in payload:
+                try:
+                    results.append(("ok", servers[local].handle(sub, sub_payload)))
+                except Exception:  # noqa: BLE001 - sent back to the parent, per command
+                    results.append(("error", traceback.format_exc()))
+            send_obj(conn, ("batch", results))
+    except (BrokenPipeError, EOFError, OSError):
+        pass
+    finally:
+        for s in servers:
+            with contextlib.suppress(Exception):
+                s.close()
         conn.close()
 
 
@@ -623,6 +687,20 @@ class SubprocVecEnv(_VecEnvBase):
 
     Drive it from one thread. Create it from a non-daemonic process (daemons cannot have children),
     and under ``if __name__ == "__main__":`` in scripts (spawn re-imports the main module).
+
+    ``envs_per_worker=M > 1`` (opt-in) hosts M envs per process (env ``i`` lives in process
+    ``i // M``; ``num_envs`` and all indices stay per env) and coalesces messages: ``*_async(i)``
+    only buffers the command; ``recv``/``wait`` first flush the buffers, ONE ``("batch", ...)``
+    message per process (its envs' commands in order), and demultiplex the ONE batched reply into
+    per-env reply queues, so ``recv(j)`` for another env of the same process needs no round trip.
+    ``step_timeout`` then bounds the wait for a whole batch. Cheap envs (the arena) need this:
+    one pipe round trip costs more than their step. Crash semantics: when a process dies or hangs,
+    every env it hosts fails: each env with pending commands raises the WorkerError subclass on
+    ``recv``; the others raise :class:`WorkerDied` on their next command or ``recv`` until they are
+    reset (``reset_async`` clears it) or respawned. ``respawn(i)`` restarts the process of ``i``
+    (its other envs lose their state, as above); ``respawn(j)`` for such an env of an already
+    restarted, healthy process does not restart it again (it only clears the flag and records
+    ``overrides`` for later restarts; the next ``reset`` applies ``task_id``).
     """
 
     def __init__(
@@ -638,10 +716,13 @@ class SubprocVecEnv(_VecEnvBase):
         recreate_every: int | None = None,
         context: str = "spawn",
         worker_overrides: Sequence[Mapping[str, Any]] | None = None,
+        envs_per_worker: int = 1,
     ) -> None:
-        """Start ``num_envs`` workers in parallel and wait until every env is built."""
+        """Start the workers in parallel and wait until every env is built."""
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
+        if int(envs_per_worker) < 1:
+            raise ValueError("envs_per_worker must be >= 1")
         check_env_factory(env_factory)
         self.env_factory = env_factory
         self.num_envs = int(num_envs)
@@ -653,24 +734,41 @@ class SubprocVecEnv(_VecEnvBase):
         self._overrides = [dict(o) for o in worker_overrides] if worker_overrides else [{} for _ in range(num_envs)]
         if len(self._overrides) != num_envs:
             raise ValueError("worker_overrides must have one entry per env")
-        self._workers: list[_Worker | None] = [None] * num_envs
+        self.envs_per_worker = int(envs_per_worker)
+        self._multi = self.envs_per_worker > 1
+        self.num_workers = -(-self.num_envs // self.envs_per_worker)  # processes
+        # per process: its env indices, buffered commands, env lists of the batches in flight
+        self._proc_envs = [list(range(p * self.envs_per_worker, min(self.num_envs, (p + 1) * self.envs_per_worker)))
+                           for p in range(self.num_workers)]
+        self._outbox: list[list[tuple[int, str, dict]]] = [[] for _ in range(self.num_workers)]
+        self._inflight: list[deque[list[int]]] = [deque() for _ in range(self.num_workers)]
+        # per env (multi-env workers): received replies, pending count, failure to raise until reset/respawn
+        self._replies: list[deque[tuple[str, Any]]] = [deque() for _ in range(self.num_envs)]
+        self._npending = [0] * self.num_envs
+        self._dead: list[WorkerError | None] = [None] * self.num_envs
+        self._env_info: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self.num_messages_sent = 0  # command messages written to the pipes (a batch counts once)
+        self.num_replies_received = 0  # reply messages read from the pipes (a batched reply counts once)
+        self._workers: list[_Worker | None] = [None] * self.num_workers
         self.num_respawns = 0
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
         try:
-            for i in range(num_envs):
-                self._workers[i] = self._start(i)
-            for i in range(num_envs):
-                self._await_ready(i)
+            for p in range(self.num_workers):
+                self._workers[p] = self._start(p)
+            for p in range(self.num_workers):
+                self._await_ready(p)
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------ process management
     def _start(self, index: int) -> _Worker:
-        """Start worker ``index`` (does not wait for its env)."""
+        """Start worker process ``index`` (does not wait for its env(s))."""
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_factory, self._overrides[index], self._opts),
+        overrides: dict | list[dict] = self._overrides[index] if not self._multi else \
+            [self._overrides[j] for j in self._proc_envs[index]]
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_factory, overrides, self._opts),
                                  name=f"pi0-env-worker-{index}", daemon=True)
         with _main_module_hidden(self.env_factory):
             proc.start()
@@ -696,7 +794,19 @@ class SubprocVecEnv(_VecEnvBase):
         if kind != "ready":
             w.broken = True
             raise EnvCreationError(f"env worker {index} could not create its env:\n{payload}", index, w.pid)
-        w.ready_info = payload
+        if self._multi:
+            for j, info in zip(self._proc_envs[index], payload):
+                self._env_info[j] = info
+            w.ready_info = payload[0]
+        else:
+            w.ready_info = payload
+
+    def env_ready_info(self, index: int) -> dict[str, Any]:
+        """What env ``index`` reported when it was (last) built (empty if unknown)."""
+        if self._multi:
+            return self._env_info[index]
+        w = self._workers[index]
+        return w.ready_info if w is not None else {}
 
     def respawn(self, index: int, overrides: Mapping[str, Any] | None = None) -> None:
         """Kill (SIGKILL), reap and restart worker ``index`` (env kwargs updated with ``overrides``).
@@ -706,6 +816,9 @@ class SubprocVecEnv(_VecEnvBase):
         self._check_open()
         if overrides:
             self._overrides[index].update(overrides)
+        if self._multi:
+            self._respawn_multi(index)
+            return
         old = self._workers[index]
         if old is not None:
             old.broken = True
@@ -716,11 +829,11 @@ class SubprocVecEnv(_VecEnvBase):
 
     def drain(self, index: int, timeout: float | None = None) -> None:
         """Discard pending replies of worker ``index``; respawn it if it is broken or does not answer."""
-        w = self._workers[index]
+        w = self._workers[index // self.envs_per_worker]
         try:
-            if w is None or w.broken:
+            if w is None or w.broken or self._dead[index] is not None:
                 raise WorkerDied("broken", index)
-            while w.pending > 0:
+            while self.pending(index) > 0:
                 try:
                     self.recv(index, timeout)
                 except RemoteEnvError:
@@ -735,9 +848,9 @@ class SubprocVecEnv(_VecEnvBase):
 
     # ------------------------------------------------------------------ messaging
     def _worker(self, index: int) -> _Worker:
-        """Live handle of worker ``index``."""
+        """Live handle of the worker process hosting env ``index``."""
         self._check_open()
-        w = self._workers[index]
+        w = self._workers[index // self.envs_per_worker]
         if w is None:
             raise WorkerDied(f"env worker {index} is not running", index)
         return w
@@ -748,8 +861,11 @@ class SubprocVecEnv(_VecEnvBase):
             raise RuntimeError("SubprocVecEnv is closed")
 
     def _send(self, index: int, cmd: str, payload: dict) -> None:
-        """Send one command to worker ``index``."""
+        """Send one command to worker ``index`` (multi-env workers: buffer it until the next flush)."""
         w = self._worker(index)
+        if self._multi:
+            self._buffer(index, w, cmd, payload)
+            return
         if w.broken:
             raise WorkerDied(f"env worker {index} is broken; respawn it first", index, w.pid)
         try:
@@ -758,9 +874,12 @@ class SubprocVecEnv(_VecEnvBase):
             w.broken = True
             raise WorkerDied(f"env worker {index} (pid {w.pid}) is gone: {exc!r}", index, w.pid) from exc
         w.pending += 1
+        self.num_messages_sent += 1
 
     def recv(self, index: int, timeout: float | None = None) -> Any:
         """Reply to the oldest pending command of worker ``index`` (``timeout`` default: ``step_timeout``)."""
+        if self._multi:
+            return self._recv_multi(index, timeout)
         w = self._worker(index)
         if w.pending <= 0:
             raise RuntimeError(f"no pending command for env worker {index}")
@@ -780,26 +899,188 @@ class SubprocVecEnv(_VecEnvBase):
             raise WorkerDied(f"env worker {index} (pid {w.pid}) died (exit code {w.process.exitcode})",
                              index, w.pid) from exc
         w.pending -= 1
+        self.num_replies_received += 1
         if kind == "error":
             raise RemoteEnvError(f"env worker {index} raised:\n{payload}", index, w.pid, payload)
         return payload
 
     def wait(self, indices: Sequence[int], timeout: float | None = None) -> list[int]:
-        """Indices among ``indices`` whose worker has a reply (or EOF) ready, waiting up to ``timeout``."""
+        """Indices among ``indices`` whose worker has a reply (or EOF) ready, waiting up to ``timeout``.
+
+        Multi-env workers: flushes the buffered commands first; an env counts as ready when its
+        reply was received already, its process failed, or a batched reply of its process arrived
+        (read and demultiplexed here; it may hold only other envs' replies).
+        """
+        if self._multi:
+            return self._wait_multi(indices, timeout)
         conns = {self._worker(i).conn: i for i in indices}
         return sorted(conns[c] for c in mpc.wait(list(conns), timeout))
 
     def pending(self, index: int) -> int:
         """Number of commands sent to worker ``index`` whose replies were not received yet."""
+        if self._multi:
+            self._check_open()
+            return self._npending[index]
         return self._worker(index).pending
+
+    # ------------------------------------------------------------------ multi-env workers (coalescing)
+    def _buffer(self, index: int, w: _Worker, cmd: str, payload: dict) -> None:
+        """Queue a command for env ``index`` until the next flush (raise if its env state was lost)."""
+        dead = self._dead[index]
+        if dead is not None:
+            if cmd == "reset" and not w.broken and self._npending[index] == 0:
+                self._dead[index] = None  # a reset starts from scratch: the lost state does not matter
+            else:
+                raise WorkerDied(f"env {index}: its worker process {index // self.envs_per_worker} failed or was "
+                                 f"restarted ({dead}); reset or respawn it first", index, w.pid)
+        if w.broken:
+            raise WorkerDied(f"env worker process {index // self.envs_per_worker} of env {index} is broken; "
+                             "respawn it first", index, w.pid)
+        self._outbox[index // self.envs_per_worker].append((index, cmd, payload))
+        self._npending[index] += 1
+
+    def _flush(self) -> None:
+        """Send every process its buffered commands as ONE batch message."""
+        m = self.envs_per_worker
+        for p, box in enumerate(self._outbox):
+            if not box:
+                continue
+            self._outbox[p] = []
+            w = self._workers[p]
+            if w is None or w.broken:  # cannot happen: a failure clears the buffers
+                self._fail_process(p, WorkerDied, "is broken")
+                continue
+            try:
+                send_obj(w.conn, ("batch", [(j % m, cmd, payload) for j, cmd, payload in box]))
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+                self._inflight[p].append([j for j, _, _ in box])
+                self._fail_process(p, WorkerDied, f"is gone: {exc!r}")
+                continue
+            self.num_messages_sent += 1
+            self._inflight[p].append([j for j, _, _ in box])
+
+    def _fail_process(self, p: int, cls: type[WorkerError], what: str) -> None:
+        """Mark process ``p`` broken: every env it hosts fails (``cls`` for envs with pending commands)."""
+        w = self._workers[p]
+        pid = w.pid if w is not None else None
+        if w is not None:
+            w.broken = True
+            if cls is WorkerDied:
+                w.process.join(0.2)  # EOF: it is exiting; reap it so that its exit code can be reported
+        code = w.process.exitcode if w is not None else None
+        for j in self._proc_envs[p]:
+            kind = cls if self._npending[j] > 0 else WorkerDied
+            if self._dead[j] is None or self._npending[j] > 0:
+                self._dead[j] = kind(f"env {j}: worker process {p} (pid {pid}, exit code {code}) {what}", j, pid)
+            self._replies[j].clear()
+            self._npending[j] = 0
+        self._outbox[p] = []
+        self._inflight[p].clear()
+
+    def _raise_dead(self, index: int) -> None:
+        """Raise (a fresh copy of) the failure recorded for env ``index``."""
+        dead = self._dead[index]
+        assert dead is not None
+        raise type(dead)(str(dead), dead.index, dead.pid)
+
+    def _read_batch(self, p: int, timeout: float) -> None:
+        """Wait up to ``timeout`` for the next batched reply of process ``p`` and demultiplex it."""
+        w = self._workers[p]
+        assert w is not None
+        if not self._inflight[p]:
+            raise RuntimeError(f"no batch in flight for env worker process {p}")
+        try:
+            ready = w.conn.poll(timeout)
+        except (EOFError, OSError) as exc:
+            self._fail_process(p, WorkerDied, f"is gone: {exc!r}")
+            return
+        if not ready:
+            self._fail_process(p, WorkerTimeout, f"gave no reply within {timeout}s")
+            return
+        try:
+            kind, payload = recv_obj(w.conn)
+        except (EOFError, OSError, ConnectionResetError):
+            self._fail_process(p, WorkerDied, "died")
+            return
+        self.num_replies_received += 1
+        envs = self._inflight[p].popleft()
+        if kind != "batch":  # the worker could not even read the batch: every command failed
+            payload = [("error", str(payload))] * len(envs)
+        for j, reply in zip(envs, payload):
+            self._replies[j].append(reply)
+
+    def _recv_multi(self, index: int, timeout: float | None) -> Any:
+        """:meth:`recv` for multi-env workers: flush, then take the env's reply (reading batches as needed)."""
+        self._check_open()
+        p = index // self.envs_per_worker
+        timeout = self.step_timeout if timeout is None else timeout
+        self._flush()
+        while not self._replies[index]:
+            if self._dead[index] is not None:
+                self._raise_dead(index)
+            if self._npending[index] <= 0:
+                raise RuntimeError(f"no pending command for env {index}")
+            self._read_batch(p, timeout)
+        kind, payload = self._replies[index].popleft()
+        self._npending[index] -= 1
+        if kind == "error":
+            w = self._workers[p]
+            raise RemoteEnvError(f"env {index} (worker process {p}) raised:\n{payload}", index,
+                                 w.pid if w is not None else None, payload)
+        return payload
+
+    def _wait_multi(self, indices: Sequence[int], timeout: float | None) -> list[int]:
+        """:meth:`wait` for multi-env workers."""
+        self._check_open()
+        self._flush()
+
+        def ready() -> list[int]:
+            return sorted(i for i in indices if self._replies[i] or self._dead[i] is not None)
+
+        if ready():
+            return ready()
+        procs = {i // self.envs_per_worker for i in indices if self._npending[i] > 0}
+        conns = {self._workers[p].conn: p for p in procs if self._workers[p] is not None}
+        for c in mpc.wait(list(conns), timeout):
+            self._read_batch(conns[c], 0.0)
+        return ready()
+
+    def _respawn_multi(self, index: int) -> None:
+        """Restart the process hosting env ``index``, unless it was already restarted after ``index`` failed."""
+        p = index // self.envs_per_worker
+        old = self._workers[p]
+        if self._dead[index] is not None and old is not None and not old.broken and old.process.is_alive():
+            self._dead[index] = None  # fresh process (restarted for another of its envs): nothing to do
+            return
+        pid = old.pid if old is not None else None
+        if old is not None:
+            old.broken = True
+            _reap(old, graceful=False, timeout=5.0)
+        for j in self._proc_envs[p]:  # the other envs lose their state (and any pending reply)
+            if j != index and (self._dead[j] is None or self._npending[j] > 0):
+                cls = WorkerDied if self._npending[j] == 0 or self._dead[j] is None else type(self._dead[j])
+                self._dead[j] = cls(f"env {j}: worker process {p} (pid {pid}) was restarted", j, pid)
+            self._replies[j].clear()
+            self._npending[j] = 0
+        self._dead[index] = None
+        self._outbox[p] = []
+        self._inflight[p].clear()
+        self._workers[p] = self._start(p)
+        self.num_respawns += 1
+        self._await_ready(p)
 
     # ------------------------------------------------------------------ introspection
     def worker_pids(self) -> list[int | None]:
-        """Process id of each worker."""
-        return [w.pid if w is not None else None for w in self._workers]
+        """Process id of the worker of each env (one entry per env; repeated for multi-env workers)."""
+        m = self.envs_per_worker
+        return [w.pid if w is not None else None for w in (self._workers[i // m] for i in range(self.num_envs))]
 
-    def worker_rss(self) -> list[int]:
-        """Resident set size in bytes of each worker process (0 if not running)."""
+    def worker_rss(self, per_process: bool = False) -> list[int]:
+        """Resident set size in bytes of the worker of each env (0 if not running).
+
+        One entry per env index; with ``envs_per_worker > 1`` the envs of one process share (and
+        repeat) its RSS. ``per_process=True``: one entry per worker process instead.
+        """
         import psutil
 
         out = []
@@ -808,12 +1089,14 @@ class SubprocVecEnv(_VecEnvBase):
                 out.append(psutil.Process(w.pid).memory_info().rss if w is not None else 0)
             except psutil.Error:
                 out.append(0)
-        return out
+        if per_process:
+            return out
+        return [out[i // self.envs_per_worker] for i in range(self.num_envs)]
 
     def is_alive(self, index: int) -> bool:
-        """Whether worker ``index``'s process is running and not marked broken."""
-        w = self._workers[index]
-        return w is not None and not w.broken and w.process.is_alive()
+        """Whether the process of env ``index`` is running and neither it nor the env is marked broken."""
+        w = self._workers[index // self.envs_per_worker]
+        return w is not None and not w.broken and w.process.is_alive() and self._dead[index] is None
 
     # ------------------------------------------------------------------ shutdown
     def close(self, timeout: float = 5.0) -> None:
