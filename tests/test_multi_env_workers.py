@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import assert_same_episodes
 from pi0.rollout import (
     ArenaExpertPolicy,
     EnvSpec,
@@ -28,23 +29,6 @@ pytestmark = pytest.mark.timeout(120)
 
 ARENA = EnvSpec("arena-v0", {"render_on_demand": True, "resolution": 64})
 INITS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (0, 6), (1, 7), (2, 8)]
-
-
-def same_episodes(a, b) -> None:
-    """Episodes equal in everything the env and the deterministic policy determine."""
-    assert [e.key for e in a] == [e.key for e in b]
-    for x, y in zip(a, b):
-        assert (x.index, x.success, x.length, x.total_reward, x.terminated, x.truncated, x.prompt) == \
-               (y.index, y.success, y.length, y.total_reward, y.terminated, y.truncated, y.prompt), x.key
-        assert len(x.decisions) == len(y.decisions)
-        for dx, dy in zip(x.decisions, y.decisions):
-            assert dx.step == dy.step
-            np.testing.assert_array_equal(dx.actions, dy.actions)
-            np.testing.assert_array_equal(dx.valid, dy.valid)
-            np.testing.assert_array_equal(dx.rewards, dy.rewards)
-            assert set(dx.obs) == set(dy.obs)
-            for k in dx.obs:
-                np.testing.assert_array_equal(dx.obs[k], dy.obs[k])
 
 
 def reference(group_size: int = 1) -> list:
@@ -81,7 +65,7 @@ def test_multi_env_workers_equal_serial_run_and_coalesce_messages():
         assert vec.recv(1)["n"] == 2 and vec.recv(0)["n"] == 1
         assert vec.wait([0, 1, 2, 3], timeout=0) == []
         assert vec.worker_info(3)["torch_imported"] is False
-    same_episodes(eps, reference(2))
+    assert_same_episodes(eps, reference(2))
     assert {e.worker_index for e in eps} == {0, 1, 2, 3}
 
 
@@ -115,7 +99,7 @@ def test_sigkill_of_a_multi_env_process_fails_and_reruns_all_its_envs():
     by_key = {e.key: e for e in eps}
     assert len(set(victims)) == 2 and all(by_key[k].attempts == 2 for k in victims)  # both envs' episodes re-run
     assert sum(e.attempts - 1 for e in eps) == 2
-    same_episodes(eps, reference())
+    assert_same_episodes(eps, reference())
 
 
 def test_env_of_a_failed_process_that_was_not_in_flight_must_be_reset():

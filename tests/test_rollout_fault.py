@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import assert_same_episodes
 from pi0.envs.arena import ArenaEnv, ArenaExpert
 from pi0.rollout import (
     ArenaExpertPolicy,
@@ -92,23 +93,6 @@ def is_reaped(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def assert_same_episodes(a, b):
-    """Episodes equal in everything the env and the deterministic policy determine."""
-    assert [e.key for e in a] == [e.key for e in b]
-    for x, y in zip(a, b):
-        assert (x.index, x.success, x.length, x.total_reward, x.terminated, x.truncated, x.prompt) == \
-               (y.index, y.success, y.length, y.total_reward, y.terminated, y.truncated, y.prompt), x.key
-        assert len(x.decisions) == len(y.decisions)
-        for dx, dy in zip(x.decisions, y.decisions):
-            assert dx.step == dy.step
-            np.testing.assert_array_equal(dx.actions, dy.actions)
-            np.testing.assert_array_equal(dx.valid, dy.valid)
-            np.testing.assert_array_equal(dx.rewards, dy.rewards)
-            assert set(dx.obs) == set(dy.obs)
-            for k in dx.obs:
-                np.testing.assert_array_equal(dx.obs[k], dy.obs[k])
 
 
 @functools.lru_cache(maxsize=None)

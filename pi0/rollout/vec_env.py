@@ -51,7 +51,7 @@ import traceback
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Self, Sequence
 
 import numpy as np
 
@@ -542,6 +542,21 @@ class _VecEnvBase:
 
     num_envs: int
     _opts: dict[str, Any]
+    _closed: bool
+
+    def close(self) -> None:  # implemented by subclasses
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # Env-creation retry settings (also used by the runner to retry a failed respawn).
     @property
@@ -1107,16 +1122,6 @@ class SubprocVecEnv(_VecEnvBase):
         _shutdown(self._workers, timeout)
         self._finalizer.detach()
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    def __enter__(self) -> "SubprocVecEnv":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class SerialVecEnv(_VecEnvBase):
@@ -1213,13 +1218,3 @@ class SerialVecEnv(_VecEnvBase):
             if s is not None:
                 s.close()
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    def __enter__(self) -> "SerialVecEnv":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
