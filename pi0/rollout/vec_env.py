@@ -439,74 +439,45 @@ def _main_module_hidden(factory: Any) -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict | list[dict], opts: dict) -> None:
-    """Entry point of a worker process: build the env, then serve commands until close/EOF.
+def _run_command(server: "_EnvServer", cmd: str, payload: Any) -> tuple[str, Any]:
+    """Run one command on one env -> ("ok", result) or ("error", traceback) for the parent."""
+    try:
+        return "ok", server.handle(cmd, payload)
+    except Exception:  # noqa: BLE001 - sent back to the parent
+        return "error", traceback.format_exc()
 
-    ``overrides`` is one dict (one env, plain ``(cmd, payload)`` messages) or a list of dicts
-    (``envs_per_worker > 1``: one env per entry, served by :func:`_serve_many`).
+
+def _close_all(servers: list["_EnvServer"]) -> None:
+    """Close every env, ignoring errors (the worker is going away)."""
+    for s in servers:
+        with contextlib.suppress(Exception):
+            s.close()
+
+
+def _worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: dict | list[dict], opts: dict) -> None:
+    """Entry point of a worker process: build its env(s), then serve commands until close/EOF.
+
+    ``overrides`` is one dict (one env; plain ``(cmd, payload)`` messages answered one by one) or a
+    list of dicts (``envs_per_worker > 1``: one env per entry). Multi-env workers send ``("ready",
+    [describe() per env])`` and serve coalesced ``("batch", [(local_env, cmd, payload), ...])``
+    messages, executed in order and answered with ONE ``("batch", [(kind, result), ...])`` reply
+    (``kind`` "ok" or "error" per command, so an env error fails only its own command).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns Ctrl-C and shuts us down
-    if isinstance(overrides, list):
-        _serve_many(conn, factory, overrides, opts)
-        return
-    try:
-        server = _EnvServer(factory, overrides, **opts)
-    except BaseException:  # noqa: BLE001 - report any failure to the parent
-        try:
-            send_obj(conn, ("error", traceback.format_exc()))
-        finally:
-            conn.close()
-        return
-    try:
-        send_obj(conn, ("ready", server.describe()))
-        while True:
-            try:
-                cmd, payload = recv_obj(conn)
-            except (EOFError, OSError):
-                break
-            if cmd == "close":
-                server.close()
-                send_obj(conn, ("ok", None))
-                break
-            try:
-                result = server.handle(cmd, payload)
-            except Exception:  # noqa: BLE001 - sent back to the parent
-                send_obj(conn, ("error", traceback.format_exc()))
-            else:
-                send_obj(conn, ("ok", result))
-    except (BrokenPipeError, EOFError, OSError):
-        pass
-    finally:
-        try:
-            server.close()
-        except Exception:  # noqa: BLE001
-            pass
-        conn.close()
-
-
-def _serve_many(conn: mpc.Connection, factory: EnvFactory, overrides: list[dict], opts: dict) -> None:
-    """Worker loop hosting ``len(overrides)`` envs (``envs_per_worker > 1``).
-
-    Ready message: ``("ready", [describe() per env])``. Commands arrive coalesced:
-    ``("batch", [(local_env, cmd, payload), ...])`` is executed in order and answered with ONE
-    ``("batch", [(kind, result), ...])`` message (``kind`` "ok" or "error" per command, so an env
-    error fails only its own command). ``("close", None)`` stops the worker.
-    """
+    many = isinstance(overrides, list)
     servers: list[_EnvServer] = []
     try:
-        for o in overrides:
+        for o in overrides if many else [overrides]:
             servers.append(_EnvServer(factory, o, **opts))
     except BaseException:  # noqa: BLE001 - report any failure to the parent
         try:
             send_obj(conn, ("error", traceback.format_exc()))
         finally:
-            for s in servers:
-                with contextlib.suppress(Exception):
-                    s.close()
+            _close_all(servers)
             conn.close()
         return
     try:
-        send_obj(conn, ("ready", [s.describe() for s in servers]))
+        send_obj(conn, ("ready", [s.describe() for s in servers] if many else servers[0].describe()))
         while True:
             try:
                 cmd, payload = recv_obj(conn)
@@ -517,22 +488,17 @@ def _serve_many(conn: mpc.Connection, factory: EnvFactory, overrides: list[dict]
                     s.close()
                 send_obj(conn, ("ok", None))
                 break
-            if cmd != "batch":
+            if not many:
+                send_obj(conn, _run_command(servers[0], cmd, payload))
+            elif cmd != "batch":
                 send_obj(conn, ("error", f"unknown command {cmd!r} for a multi-env worker"))
-                continue
-            results: list[tuple[str, Any]] = []
-            for local, sub, sub_payload in payload:
-                try:
-                    results.append(("ok", servers[local].handle(sub, sub_payload)))
-                except Exception:  # noqa: BLE001 - sent back to the parent, per command
-                    results.append(("error", traceback.format_exc()))
-            send_obj(conn, ("batch", results))
+            else:
+                send_obj(conn, ("batch", [_run_command(servers[local], sub, sub_payload)
+                                          for local, sub, sub_payload in payload]))
     except (BrokenPipeError, EOFError, OSError):
         pass
     finally:
-        for s in servers:
-            with contextlib.suppress(Exception):
-                s.close()
+        _close_all(servers)
         conn.close()
 
 
