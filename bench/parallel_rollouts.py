@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from pi0.rollout import EnvSpec, LatencyPolicy, RandomChunkPolicy, RolloutRunner, SubprocVecEnv
+from pi0.rollout import EnvSpec, LatencyPolicy, RandomChunkPolicy, RolloutRunner, RunnerConfig, SubprocVecEnv
 
 MB = 1 << 20
 
@@ -136,8 +136,9 @@ def bench_runner(spec: EnvSpec, workers: int, episodes: int, chunk: int, args: a
                            base_s=args.infer_ms / 1e3, per_sample_s=args.infer_ms_per_sample / 1e3)
     inits = [(args.task_id, k % 50) for k in range(episodes)]
     m = args.envs_per_worker if subprocess else 1
-    with RolloutRunner(spec, policy, num_envs=workers * m, envs_per_worker=m, replan_steps=chunk,
-                       use_subprocess=subprocess, step_timeout=args.timeout, max_steps=args.max_steps) as runner:
+    run_cfg = RunnerConfig(num_envs=workers * m, envs_per_worker=m, replan_steps=chunk, use_subprocess=subprocess,
+                           step_timeout=args.timeout, max_steps=args.max_steps)
+    with RolloutRunner(spec, policy, run_cfg) as runner:
         _ = runner.vec_env  # start the workers outside the timed region
         t0 = time.perf_counter()
         eps = runner.run(inits)
