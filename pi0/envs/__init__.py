@@ -29,3 +29,6 @@ for _suite, _row in LIBERO_SUITE_TABLE.items():
 
 # Arena: fast built-in language-conditioned tabletop task with LIBERO's observation keys (pi0/envs/arena/).
 register(id=ARENA_GYM_ID, entry_point="pi0.envs.arena:ArenaEnv", max_episode_steps=None, disable_env_checker=True)
+# The arena behind a simulated network API (latency per call): I/O-bound envs for the thread / asyncio backends.
+register(id="arena-remote-v0", entry_point="pi0.envs.arena.remote:RemoteArenaEnv", max_episode_steps=None,
+         disable_env_checker=True)

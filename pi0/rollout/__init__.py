@@ -15,12 +15,13 @@ from pi0.rollout.policies import ArenaExpertPolicy, LatencyPolicy, RandomChunkPo
 from pi0.rollout.runner import RolloutError, RolloutRunner, RunnerHooks, make_vec_env
 from pi0.rollout.scheduler import GreedyScheduler, GroupedScheduler, make_requests
 from pi0.rollout.subproc_vec_env import SubprocVecEnv
-from pi0.rollout.thread_vec_env import ThreadVecEnv
+from pi0.rollout.thread_vec_env import AsyncioVecEnv, ThreadVecEnv
 from pi0.rollout.types import ChunkPolicy, DecisionPoint, Episode, EpisodeRequest, PolicyOutput, RunStats
 from pi0.rollout.vec_env import SerialVecEnv, VecEnvBase, check_env_factory
 
 __all__ = [
     "ArenaExpertPolicy",
+    "AsyncioVecEnv",
     "ChunkPolicy",
     "DecisionPoint",
     "EnvCreationError",

@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["IN_PROCESS", "SCHEDULES", "RunnerConfig", "libero_runner_config", "ript_vla_runner_config"]
 
 SCHEDULES = ("greedy", "grouped")
-IN_PROCESS = ("serial", "thread")
+IN_PROCESS = ("serial", "thread", "asyncio")
 
 
 @dataclass
@@ -33,7 +33,7 @@ class RunnerConfig:
     record_video: bool = False  # keep upright frames of the env's first camera (decision points + final frame)
     video_every_step: bool = False  # ... or of every step (renders every step)
     use_subprocess: bool = True  # False: in-process envs, stepped as ``in_process`` says
-    in_process: str = "serial"  # in-process backend: "serial" (one after the other) | "thread" (I/O-bound envs)
+    in_process: str = "serial"  # in-process backend: "serial" | "thread" | "asyncio" (the last two: I/O-bound envs)
     step_timeout: float = 120.0  # seconds without a reply before a worker counts as hung
     start_timeout: float = 600.0  # seconds to build an env in a (re)started worker
     make_attempts: int = 3  # env creation / worker respawn attempts (exponential backoff)
@@ -48,7 +48,7 @@ class RunnerConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be 'greedy' or 'grouped', got {self.schedule!r}")
         if self.in_process not in IN_PROCESS:
-            raise ValueError(f"in_process must be 'serial' or 'thread', got {self.in_process!r}")
+            raise ValueError(f"in_process must be one of {IN_PROCESS}, got {self.in_process!r}")
         if self.replan_steps < 1 or self.num_envs < 1 or self.envs_per_worker < 1 or self.group_size < 1:
             raise ValueError("replan_steps, num_envs, envs_per_worker and group_size must be >= 1")
         if self.max_episode_attempts < 1 or self.make_attempts < 1:
@@ -58,7 +58,7 @@ class RunnerConfig:
 
     @property
     def backend(self) -> str:
-        """Which vector env runs the envs: "subprocess", "serial" or "thread"."""
+        """Which vector env runs the envs: "subprocess", "serial", "thread" or "asyncio"."""
         return "subprocess" if self.use_subprocess else self.in_process
 
     def replace(self, **changes: Any) -> "RunnerConfig":

@@ -8,12 +8,15 @@ Render-on-demand convention (shared with ``LiberoEnv`` and ``ArenaEnv``): an env
 that were not asked to be rendered are sent back without them, to keep the pipes light. Settle
 steps after a reset use the env's ``unwrapped.wait_action`` unless the caller gives an action.
 
-Commands: ``reset``, ``chunk`` (a whole action chunk in one round trip) and ``info`` (process facts).
+Commands: ``reset``, ``chunk`` (a whole action chunk in one round trip) and ``info`` (process facts),
+written once as generators of env calls and driven synchronously (workers, serial and thread backends)
+or with asyncio (envs with native ``areset`` / ``astep`` coroutines, e.g. behind a network API).
 Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import multiprocessing.connection as mpc
@@ -23,7 +26,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generator, Mapping
 
 import numpy as np
 
@@ -31,10 +34,11 @@ from pi0.envs.conventions import upright
 from pi0.rollout.errors import EnvCreationError
 from pi0.rollout.transport import recv_obj, send_obj
 
-__all__ = ["EnvFactory", "EnvOptions", "EnvServer", "RENDER_MODES", "call_with_backoff", "make_env_with_retry",
-           "run_command", "worker_main"]
+__all__ = ["EnvFactory", "EnvOptions", "EnvServer", "RENDER_MODES", "arun_command", "call_with_backoff",
+           "make_env_with_retry", "run_command", "worker_main"]
 
 EnvFactory = Callable[..., Any]  # factory(**overrides) -> gymnasium.Env
+EnvCalls = Generator[tuple[str, tuple, dict], Any, Any]  # a command: yields (env method, args, kwargs), gets results
 RENDER_MODES = ("decision", "always", "none")
 
 
@@ -157,17 +161,18 @@ class EnvServer:
             obs = {k: v for k, v in obs.items() if k not in keys}
         return obs
 
-    def _step(self, action: np.ndarray, render: bool) -> tuple[dict, float, bool, bool, dict]:
-        """One env step with images iff ``render``."""
-        if self.on_demand and self.step_takes_render:
-            obs, r, term, trunc, info = self.base.step(action, render=render)
-        else:
-            obs, r, term, trunc, info = self.base.step(action)
+    def _step(self, action: np.ndarray, render: bool) -> EnvCalls:
+        """One env step with images iff ``render`` -> (obs, reward, terminated, truncated, info)."""
+        kwargs = {"render": render} if self.on_demand and self.step_takes_render else {}
+        obs, r, term, trunc, info = yield "step", (action,), kwargs
         return self._with_images(obs, render), float(r), bool(term), bool(trunc), info
 
     # ------------------------------------------------------------------ commands
-    def reset(self, task_id: int | None = None, init_state_id: int | None = None, seed: int | None = None,
-              render: bool = True, settle_steps: int = 0, settle_action: np.ndarray | None = None) -> dict[str, Any]:
+    # Commands are generators that yield the env calls they need, ``(name, args, kwargs)`` with name
+    # "reset" or "step", and receive the results: ``handle`` makes the calls directly, ``ahandle``
+    # awaits an env's native ``areset`` / ``astep`` coroutines (or runs the call in a thread).
+    def _reset(self, task_id: int | None = None, init_state_id: int | None = None, seed: int | None = None,
+               render: bool = True, settle_steps: int = 0, settle_action: np.ndarray | None = None) -> EnvCalls:
         """Reset (switching task / re-creating the env if needed) and run ``settle_steps`` settle actions."""
         options: dict[str, Any] = {}
         every = self.options.recreate_every
@@ -186,7 +191,7 @@ class EnvServer:
             options["init_state_id"] = init_state_id
         if self.on_demand:
             options["render"] = bool(render) and settle_steps == 0
-        obs, info = self.base.reset(seed=seed, options=options)
+        obs, info = yield "reset", (), {"seed": seed, "options": options}
         self.episodes_since_make += 1
         if settle_steps:
             if settle_action is None:
@@ -195,12 +200,12 @@ class EnvServer:
                 raise ValueError("settle_steps > 0 needs a settle_action: this env declares no wait_action")
             act = np.asarray(settle_action, np.float64)
             for k in range(settle_steps):
-                obs, _, _, _, info = self._step(act, render and k == settle_steps - 1)
+                obs, _, _, _, info = yield from self._step(act, render and k == settle_steps - 1)
         u = self.unwrapped
         return {"obs": self._with_images(obs, render), "info": info, "prompt": getattr(u, "prompt", None),
                 "task_id": getattr(u, "task_id", task_id), "num_makes": self.num_makes}
 
-    def chunk(self, actions: np.ndarray, render: str = "decision", record_frames: bool = False) -> dict[str, Any]:
+    def _chunk(self, actions: np.ndarray, render: str = "decision", record_frames: bool = False) -> EnvCalls:
         """Execute up to ``len(actions)`` steps, stopping at termination/truncation.
 
         ``render``: "decision" renders the final obs only if the episode continues, "always"
@@ -218,7 +223,7 @@ class EnvServer:
         t0 = time.perf_counter()
         for k in range(n):
             want = record_frames or (render != "none" and k == n - 1)
-            obs, rewards[k], term, trunc, info = self._step(actions[k], want)
+            obs, rewards[k], term, trunc, info = yield from self._step(actions[k], want)
             if record_frames:
                 frames.append(upright(obs[self.image_keys[0]]))
             if term or trunc:
@@ -240,15 +245,39 @@ class EnvServer:
                  modules=len(sys.modules))
         return d
 
-    def handle(self, cmd: str, payload: dict) -> Any:
-        """Dispatch one command."""
+    def _command(self, cmd: str, payload: dict) -> EnvCalls:
+        """Dispatch one command ("reset", "chunk" or "info")."""
         if cmd == "reset":
-            return self.reset(**payload)
+            return (yield from self._reset(**payload))
         if cmd == "chunk":
-            return self.chunk(**payload)
+            return (yield from self._chunk(**payload))
         if cmd == "info":
             return self.info()
         raise ValueError(f"unknown command {cmd!r}")
+
+    def handle(self, cmd: str, payload: dict) -> Any:
+        """Run one command, calling the env directly."""
+        calls, result = self._command(cmd, payload), None
+        try:
+            while True:
+                name, args, kwargs = calls.send(result)
+                result = getattr(self.base, name)(*args, **kwargs)
+        except StopIteration as done:
+            return done.value
+
+    async def ahandle(self, cmd: str, payload: dict) -> Any:
+        """Run one command, awaiting the env's ``areset`` / ``astep`` coroutines if it has them, else in a thread."""
+        calls, result = self._command(cmd, payload), None
+        try:
+            while True:
+                name, args, kwargs = calls.send(result)
+                native = getattr(self.unwrapped, f"a{name}", None)
+                if inspect.iscoroutinefunction(native):
+                    result = await native(*args, **kwargs)
+                else:
+                    result = await asyncio.to_thread(getattr(self.base, name), *args, **kwargs)
+        except StopIteration as done:
+            return done.value
 
 
 def run_command(server: "EnvServer", cmd: str, payload: Any) -> tuple[str, Any]:
@@ -256,6 +285,14 @@ def run_command(server: "EnvServer", cmd: str, payload: Any) -> tuple[str, Any]:
     try:
         return "ok", server.handle(cmd, payload)
     except Exception:  # noqa: BLE001 - sent back to the parent
+        return "error", traceback.format_exc()
+
+
+async def arun_command(server: "EnvServer", cmd: str, payload: Any) -> tuple[str, Any]:
+    """:func:`run_command` for the asyncio backend."""
+    try:
+        return "ok", await server.ahandle(cmd, payload)
+    except Exception:  # noqa: BLE001 - surfaced by recv like a worker error
         return "error", traceback.format_exc()
 
 

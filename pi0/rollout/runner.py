@@ -26,8 +26,9 @@ share their init state *and* their policy batches.
 Backends
 --------
 The envs run in worker processes (``use_subprocess=True``, default), or in this process: one after
-the other (``in_process="serial"``) or each command in its own thread (``in_process="thread"``, for
-I/O-bound envs such as envs behind a network API). Every backend returns the same
+the other (``in_process="serial"``), on a thread per env (``in_process="thread"``) or as coroutines on
+an event loop (``in_process="asyncio"``); the last two are for I/O-bound envs such as envs behind a
+network API. Every backend returns the same
 :class:`~pi0.rollout.types.Episode` records and :class:`~pi0.rollout.types.RunStats`.
 
 Crash recovery
@@ -59,7 +60,7 @@ from pi0.rollout.env_server import EnvFactory, call_with_backoff
 from pi0.rollout.errors import WorkerError
 from pi0.rollout.scheduler import Scheduler, make_requests, make_scheduler
 from pi0.rollout.subproc_vec_env import SubprocVecEnv
-from pi0.rollout.thread_vec_env import ThreadVecEnv
+from pi0.rollout.thread_vec_env import AsyncioVecEnv, ThreadVecEnv
 from pi0.rollout.types import ChunkPolicy, DecisionPoint, Episode, EpisodeRequest, PolicyOutput, RunStats
 from pi0.rollout.vec_env import SerialVecEnv, VecEnvBase
 
@@ -83,14 +84,15 @@ class RunnerHooks:
 
 
 def make_vec_env(env_factory: EnvFactory, c: RunnerConfig) -> VecEnvBase:
-    """The vector env of ``c.backend`` ("subprocess" | "serial" | "thread") with ``c``'s timeouts and retries."""
+    """The vector env of ``c.backend`` ("subprocess" | "serial" | "thread" | "asyncio"), with ``c``'s timeouts and retries."""
     opts = dict(make_attempts=c.make_attempts, make_backoff=c.make_backoff, make_backoff_max=c.make_backoff_max,
                 recreate_every=c.recreate_every)
     if c.backend == "subprocess":
         return SubprocVecEnv(env_factory, c.num_envs, step_timeout=c.step_timeout, start_timeout=c.start_timeout,
                              envs_per_worker=c.envs_per_worker, **opts)
-    if c.backend == "thread":
-        return ThreadVecEnv(env_factory, c.num_envs, step_timeout=c.step_timeout, **opts)
+    if c.backend in ("thread", "asyncio"):
+        cls = ThreadVecEnv if c.backend == "thread" else AsyncioVecEnv
+        return cls(env_factory, c.num_envs, step_timeout=c.step_timeout, **opts)
     return SerialVecEnv(env_factory, c.num_envs, **opts)
 
 
@@ -352,9 +354,8 @@ class _Run:
         finally:
             if self.bar is not None:
                 self.bar.close()
-        self.stats.num_episodes = len(self.results)
         self.stats.wall_time = time.perf_counter() - t_start
-        self.stats.success_rate = float(np.mean([e.success for e in self.results.values()])) if self.results else 0.0
+        self.stats.add_episodes(list(self.results.values()))
         return self.results
 
     def fill(self, worker: int | None = None) -> None:

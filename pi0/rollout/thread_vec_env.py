@@ -1,26 +1,31 @@
-"""Thread backend: in-process envs whose commands run concurrently, one thread per env.
+"""Thread and asyncio backends: in-process envs whose commands run concurrently.
 
 For I/O-bound envs (a remote simulator, an env behind an HTTP/RPC API) threads give the
 concurrency of worker processes without their cost: while one env waits on its server, the others
-step. The runner uses it with ``RunnerConfig(use_subprocess=False, in_process="thread")`` and gets
-the same :class:`~pi0.rollout.types.Episode` records as with every other backend. CPU-bound
-simulators want :class:`~pi0.rollout.subproc_vec_env.SubprocVecEnv` instead (the GIL).
+step. :class:`ThreadVecEnv` runs each env's commands on its own thread; :class:`AsyncioVecEnv` runs
+them as coroutines on one event loop, awaiting an env's native ``areset`` / ``astep`` (plain envs
+are stepped with ``asyncio.to_thread``). The runner uses them with ``RunnerConfig(use_subprocess=False,
+in_process="thread" | "asyncio")`` and gets the same :class:`~pi0.rollout.types.Episode` records as
+with every other backend. CPU-bound simulators want
+:class:`~pi0.rollout.subproc_vec_env.SubprocVecEnv` instead (the GIL).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from typing import Any, Mapping, Sequence
 
-from pi0.rollout.env_server import EnvFactory, run_command
+from pi0.rollout.env_server import EnvFactory, arun_command, run_command
 from pi0.rollout.errors import RemoteEnvError, WorkerDied, WorkerTimeout
 from pi0.rollout.vec_env import SerialVecEnv
 
-__all__ = ["ThreadVecEnv"]
+__all__ = ["AsyncioVecEnv", "ThreadVecEnv"]
 
 
 class ThreadVecEnv(SerialVecEnv):
@@ -59,9 +64,13 @@ class ThreadVecEnv(SerialVecEnv):
             raise RuntimeError("ThreadVecEnv is closed")
         if self._broken[index]:
             raise WorkerDied(f"env {index} timed out earlier; respawn it first", index, os.getpid())
+        self._futures[index].append(self._submit(index, cmd, payload))
+
+    def _submit(self, index: int, cmd: str, payload: dict) -> Future:
+        """Run the command on env ``index``'s thread; its future holds ``(kind, result)``."""
         server = self._servers[index]
         assert server is not None
-        self._futures[index].append(self._pools[index].submit(run_command, server, cmd, payload))
+        return self._pools[index].submit(run_command, server, cmd, payload)
 
     def recv(self, index: int, timeout: float | None = None) -> Any:
         """Reply to the oldest pending command of env ``index`` (``timeout`` default: ``step_timeout``)."""
@@ -125,3 +134,54 @@ class ThreadVecEnv(SerialVecEnv):
             if server is not None:
                 pool.submit(server.close)
             pool.shutdown(wait=not self._broken[i], cancel_futures=False)
+
+
+class AsyncioVecEnv(ThreadVecEnv):
+    """:class:`ThreadVecEnv` whose commands are coroutines on one event loop (a daemon thread of this process).
+
+    Envs are built on their threads; commands of one env run in order (a lock per env), commands of
+    different envs interleave at every ``await``.
+    """
+
+    def __init__(self, env_factory: EnvFactory, num_envs: int, **kwargs: Any) -> None:
+        """Start the event loop, then build the envs."""
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="pi0-env-asyncio", daemon=True)
+        self._loop_thread.start()
+        self._locks = [asyncio.Lock() for _ in range(int(num_envs))]
+        try:
+            super().__init__(env_factory, num_envs, **kwargs)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _submit(self, index: int, cmd: str, payload: dict) -> Future:
+        """Schedule the command on the event loop; its future holds ``(kind, result)``."""
+        server = self._servers[index]
+        assert server is not None
+
+        async def run() -> tuple[str, Any]:
+            async with self._locks[index]:
+                return await arun_command(server, cmd, payload)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop)
+
+    def respawn(self, index: int, overrides: Mapping[str, Any] | None = None) -> None:
+        """Cancel env ``index``'s pending coroutines, then re-create it (see :meth:`ThreadVecEnv.respawn`)."""
+        for fut in self._futures[index]:
+            fut.cancel()
+        self._locks[index] = asyncio.Lock()
+        super().respawn(index, overrides)
+
+    def _stop_loop(self) -> None:
+        """Stop the event loop and its thread."""
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(5.0)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the envs, then stop the event loop (idempotent)."""
+        if self._closed:
+            return
+        super().close(timeout)
+        self._stop_loop()

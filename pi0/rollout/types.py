@@ -179,6 +179,19 @@ class RunStats:
     wall_time: float = 0.0
     policy_time: float = 0.0
     success_rate: float = 0.0
+    mean_return: float = 0.0  # over episodes of total_reward
+    std_return: float = 0.0  # population std (ddof=0)
+    mean_length: float = 0.0
+
+    def add_episodes(self, episodes: list[Episode]) -> None:
+        """Fill the episode statistics (count, success rate, return mean/std, mean length) from ``episodes``."""
+        self.num_episodes = len(episodes)
+        if not episodes:
+            return
+        rets = np.array([e.total_reward for e in episodes], dtype=np.float64)
+        self.success_rate = float(np.mean([e.success for e in episodes]))
+        self.mean_return, self.std_return = float(rets.mean()), float(rets.std())
+        self.mean_length = float(np.mean([e.length for e in episodes]))
 
     @property
     def steps_per_second(self) -> float:
