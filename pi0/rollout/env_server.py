@@ -110,7 +110,8 @@ class EnvServer:
         """(Re)create the env with the current overrides and inspect its capabilities."""
         self.close()
         o = self.options
-        self.env = make_env_with_retry(self.factory, self.overrides, o.make_attempts, o.make_backoff, o.make_backoff_max)
+        self.env = make_env_with_retry(self.factory, self.overrides, o.make_attempts, o.make_backoff,
+                                       o.make_backoff_max)
         self.num_makes += 1
         self.episodes_since_make = 0
         env, direct = self.env, True

@@ -84,7 +84,7 @@ class RunnerHooks:
 
 
 def make_vec_env(env_factory: EnvFactory, c: RunnerConfig) -> VecEnvBase:
-    """The vector env of ``c.backend`` ("subprocess" | "serial" | "thread" | "asyncio"), with ``c``'s timeouts and retries."""
+    """The vector env of ``c.backend`` ("subprocess" | "serial" | "thread" | "asyncio"), settings from ``c``."""
     opts = dict(make_attempts=c.make_attempts, make_backoff=c.make_backoff, make_backoff_max=c.make_backoff_max,
                 recreate_every=c.recreate_every)
     if c.backend == "subprocess":

@@ -42,7 +42,7 @@ class GreedyScheduler:
 
     def assignments(self, workers: Sequence[int], is_free: Callable[[int], bool],
                     worker_task: Sequence[int | None]) -> Iterator[tuple[int, EpisodeRequest]]:
-        """Yield ``(worker, request)`` for the free ones among ``workers`` (lazily: each start may fail and re-queue)."""
+        """Yield ``(worker, request)`` for the free ones among ``workers`` (lazily: a start may fail and re-queue)."""
         for w in workers:
             if is_free(w) and self.queue:
                 yield w, self._take(worker_task[w])
