@@ -279,6 +279,7 @@ class RolloutRunner:
         if self._vec is not None and self._owns_vec:
             self._vec.close()
             self._vec = None
+            self.worker_task = []  # a new vec env reports its own tasks
 
     def __enter__(self) -> "RolloutRunner":
         return self
