@@ -7,7 +7,10 @@ Modes (``--mode``):
 * ``raw``: the vector env directly: every worker gets a whole chunk per round trip.
 * ``runner``: the real engine path: ``RolloutRunner`` episodes with ONE batched policy call per
   round (``RandomChunkPolicy``; ``--infer_ms`` / ``--infer_ms_per_sample`` emulate inference time).
-* ``both`` (default).
+* ``both`` (default): raw and runner.
+* ``io``: an I/O-bound env (``arena-remote-v0``: the arena behind a simulated network API, ``--latency_ms``
+  per reset/step) through ``RolloutRunner`` on every backend: in-process serial (the baseline), thread,
+  asyncio (native ``astep`` coroutines) and subprocess workers, ``--workers``' largest count of envs each.
 
 ``--envs_per_worker M`` (default 1) hosts M envs in each worker process (``SubprocVecEnv``'s
 coalesced mode: one batched message + one batched reply per process per round) in both modes;
@@ -22,6 +25,7 @@ Examples::
     .venv/bin/python bench/parallel_rollouts.py                       # arena, workers 1,2,4
     .venv/bin/python bench/parallel_rollouts.py --env libero --workers 1,2 --steps 300
     .venv/bin/python bench/parallel_rollouts.py --mode raw --workers 1,2 --envs_per_worker 8
+    .venv/bin/python bench/parallel_rollouts.py --mode io --workers 8 --latency_ms 5
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from pi0.rollout import EnvSpec, LatencyPolicy, RandomChunkPolicy, RolloutRunner, SubprocVecEnv
+from pi0.rollout import EnvSpec, LatencyPolicy, RandomChunkPolicy, RolloutRunner, RunnerConfig, SubprocVecEnv
 
 MB = 1 << 20
 
@@ -136,8 +140,9 @@ def bench_runner(spec: EnvSpec, workers: int, episodes: int, chunk: int, args: a
                            base_s=args.infer_ms / 1e3, per_sample_s=args.infer_ms_per_sample / 1e3)
     inits = [(args.task_id, k % 50) for k in range(episodes)]
     m = args.envs_per_worker if subprocess else 1
-    with RolloutRunner(spec, policy, num_envs=workers * m, envs_per_worker=m, replan_steps=chunk,
-                       use_subprocess=subprocess, step_timeout=args.timeout, max_steps=args.max_steps) as runner:
+    run_cfg = RunnerConfig(num_envs=workers * m, envs_per_worker=m, replan_steps=chunk, use_subprocess=subprocess,
+                           step_timeout=args.timeout, max_steps=args.max_steps)
+    with RolloutRunner(spec, policy, run_cfg) as runner:
         _ = runner.vec_env  # start the workers outside the timed region
         t0 = time.perf_counter()
         eps = runner.run(inits)
@@ -146,6 +151,32 @@ def bench_runner(spec: EnvSpec, workers: int, episodes: int, chunk: int, args: a
         st = runner.last_stats
     return {"steps_per_s": sum(e.length for e in eps) / dt, "rss": rss, "batch": st.mean_batch_size,
             "policy_s": st.policy_time, "wall_s": dt}
+
+
+def bench_io(num_envs: int, args: argparse.Namespace) -> None:
+    """Runner steps/s on the simulated remote arena, per backend, with speed-ups vs the serial backend."""
+    spec = EnvSpec("arena-remote-v0", {"task_id": args.task_id, "render_on_demand": True,
+                                       "resolution": args.resolution, "latency_s": args.latency_ms / 1e3})
+    backends = {"serial": RunnerConfig(use_subprocess=False, in_process="serial"),
+                "thread": RunnerConfig(use_subprocess=False, in_process="thread"),
+                "asyncio": RunnerConfig(use_subprocess=False, in_process="asyncio"),
+                "subprocess": RunnerConfig(use_subprocess=True)}
+    inits = [(args.task_id, k % 50) for k in range(args.episodes_per_worker * num_envs)]
+    policy = RandomChunkPolicy(horizon=args.chunk, seed=0, low=-args.scale, high=args.scale)
+    print(f"\nI/O-bound env ({args.latency_ms} ms per call), RolloutRunner, {num_envs} envs, {len(inits)} episodes:")
+    print(f"{'backend':>10} {'steps/s':>10} {'speed-up':>9} {'wall s':>8}")
+    base = None
+    for name, cfg in backends.items():
+        cfg = cfg.replace(num_envs=num_envs, replan_steps=args.chunk, max_steps=args.max_steps,
+                          step_timeout=args.timeout)
+        with RolloutRunner(spec, policy, cfg) as runner:
+            _ = runner.vec_env  # start the envs outside the timed region
+            t0 = time.perf_counter()
+            eps = runner.run(inits)
+            dt = time.perf_counter() - t0
+        rate = sum(e.length for e in eps) / dt
+        base = base or rate
+        print(f"{name:>10} {rate:>10.0f} {rate / base:>8.2f}x {dt:>8.2f}")
 
 
 def main() -> None:
@@ -158,7 +189,8 @@ def main() -> None:
     p.add_argument("--resolution", type=int, default=128)
     p.add_argument("--task_id", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0, help="random action magnitude")
-    p.add_argument("--mode", choices=("raw", "runner", "both"), default="both")
+    p.add_argument("--mode", choices=("raw", "runner", "both", "io"), default="both")
+    p.add_argument("--latency_ms", type=float, default=5.0, help="io mode: emulated round trip per env call")
     p.add_argument("--episodes_per_worker", type=int, default=20, help="runner mode")
     p.add_argument("--max_steps", type=int, default=None, help="runner mode step cap per episode")
     p.add_argument("--infer_ms", type=float, default=0.0, help="emulated inference time per policy call")
@@ -173,6 +205,9 @@ def main() -> None:
     workers = [int(w) for w in args.workers.split(",")]
     me = psutil.Process()
     m = args.envs_per_worker
+    if args.mode == "io":
+        bench_io(max(workers), args)
+        return
     print(f"env={spec.id} kwargs={spec.kwargs} chunk={args.chunk} envs_per_worker={m} cpus={os.cpu_count()} "
           f"affinity={len(me.cpu_affinity()) if hasattr(me, 'cpu_affinity') else '?'}")
 

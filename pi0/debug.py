@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from pi0.envs.conventions import CAMERA_KEYS, PROPRIO_KEYS, upright
 from pi0.rollout.types import Episode
 
 STAGES = ("raw", "processed", "model_input", "model_output", "actions")
@@ -34,7 +35,7 @@ _EXTRA_KEYS = {
     "tokenized_prompt_mask": "model_input/tokenized_prompt_mask", "noise": "model_input/noise",
     "model_actions": "model_output/actions",
 }
-_RAW_KEYS = ("agentview_image", "robot0_eye_in_hand_image", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
+_RAW_KEYS = CAMERA_KEYS + PROPRIO_KEYS
 
 
 def episode_arrays(episode: Episode) -> dict[str, np.ndarray]:
@@ -144,17 +145,16 @@ def save_observation_pipeline(out_dir: str | Path, policy: Any, env_obs: dict[st
     side-by-side ``pipeline.png`` and ``pipeline.json`` (state at each step, tokens and their pieces, masks).
     """
     from pi0.libero_policy import construct_pi0_observation  # local: keeps pi0.debug free of torch at import
-    from pi0.transforms import libero_state, rotate_180
+    from pi0.transforms import libero_state
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     observation, client = construct_pi0_observation(env_obs, prompt)
     inp = policy.prepare_inputs(observation)
     rows = []
-    cams = (("agentview_image", "image", 0), ("robot0_eye_in_hand_image", "wrist_image", 1))
-    for raw_key, client_key, cam_idx in cams:
+    for cam_idx, (raw_key, client_key) in enumerate(zip(CAMERA_KEYS, ("image", "wrist_image"))):
         raw = np.asarray(env_obs[raw_key])
-        stages = {"raw": raw, "upright": rotate_180(raw), "processed": client[client_key][0],
+        stages = {"raw": raw, "upright": upright(raw), "processed": client[client_key][0],
                   "model_input": _to_uint8_hwc(inp["images"][cam_idx][0].cpu().numpy())}
         for name, img in stages.items():
             Image.fromarray(img).save(out / f"{client_key}_{name}.png")

@@ -1,6 +1,6 @@
 """LIBERO evaluation of a PI0Policy: success rates per task and suite, videos, debug sessions.
 
-One ``LIBEROEnvRunner`` (the shared runner core) runs every (task, trial) episode over subprocess envs
+One ``RolloutRunner`` (the shared runner core, LIBERO preset) runs every (task, trial) episode over subprocess envs
 with batched inference; ``trial`` k uses init state k of the task, as openpi's LIBERO eval does.
 """
 
@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from pi0.debug import write_debug_session
-from pi0.envs.libero_env import SUITE_MAX_STEPS, libero_task_info
+from pi0.envs.conventions import SUITE_MAX_STEPS, libero_env_spec
+from pi0.envs.libero_env import libero_task_info
 from pi0.libero_policy import Pi0ChunkPolicy
 from pi0.modeling_pi0 import PI0Policy
-from pi0.ript.env.pi0_libero_runner import LIBEROEnvRunner, libero_env_spec
+from pi0.rollout.config import libero_runner_config
 from pi0.rollout.runner import RolloutRunner, RunnerHooks
 from pi0.rollout.types import Episode
 from pi0.utils.video import write_video
@@ -111,9 +112,9 @@ def evaluate_libero(policy: PI0Policy, cfg: EvalConfig) -> dict[str, Any]:
     spec = libero_env_spec(cfg.suite, task_id=todo[0][0] if todo else tasks[0][0], **cfg.extra_env_kwargs)
     if cfg.max_steps is not None:
         spec = spec.replace(max_steps=cfg.max_steps)
-    runner = LIBEROEnvRunner(spec, Pi0ChunkPolicy(policy, gen), num_envs=cfg.num_envs,
-                             replan_steps=cfg.replan_steps, record_video=cfg.num_videos > 0, progress=True,
-                             use_subprocess=cfg.use_subprocess, hooks=RunnerHooks(on_episode_end=on_episode_end))
+    run_cfg = libero_runner_config(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps, record_video=cfg.num_videos > 0,
+                                   progress=True, use_subprocess=cfg.use_subprocess)
+    runner = RolloutRunner(spec, Pi0ChunkPolicy(policy, gen), run_cfg, hooks=RunnerHooks(on_episode_end=on_episode_end))
     t0 = time.perf_counter()
     if todo:
         with runner:

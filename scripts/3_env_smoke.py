@@ -21,8 +21,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import gymnasium as gym  # noqa: E402
 
-import pi0.envs  # noqa: E402,F401  (registers libero-*-v0)
-from pi0.ript.env.pi0_libero_runner import LIBERO_GYM_IDS  # noqa: E402
+from pi0.envs import LIBERO_GYM_IDS  # noqa: E402  (importing pi0.envs registers libero-*-v0)
 from pi0.envs.libero_env import scripted_actions, summarize_observation, upright_frame  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 from pi0.utils.video import write_video  # noqa: E402

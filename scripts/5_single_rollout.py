@@ -21,7 +21,9 @@ import torch  # noqa: E402
 
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
-from pi0.ript.env.pi0_libero_runner import LIBEROEnvRunner, Pi0ChunkPolicy, make_env_spec  # noqa: E402
+from pi0.envs import make_env_spec  # noqa: E402
+from pi0.libero_policy import Pi0ChunkPolicy  # noqa: E402
+from pi0.rollout import RolloutRunner, libero_runner_config  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 from pi0.utils.video import write_video  # noqa: E402
 
@@ -49,8 +51,9 @@ def main(argv: list[str] | None = None) -> dict:
     policy = (PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device) if cfg.checkpoint
               else tiny_policy().to(cfg.device))
     chunk_policy = Pi0ChunkPolicy(policy, torch.Generator().manual_seed(cfg.seed))
-    with LIBEROEnvRunner(spec, chunk_policy, num_envs=1, use_subprocess=False, replan_steps=cfg.replan_steps,
-                         max_steps=cfg.max_steps or None, record_video=True, video_every_step=True) as runner:
+    run_cfg = libero_runner_config(num_envs=1, use_subprocess=False, replan_steps=cfg.replan_steps,
+                                   max_steps=cfg.max_steps or None, record_video=True, video_every_step=True)
+    with RolloutRunner(spec, chunk_policy, run_cfg) as runner:
         (ep,) = runner.run([(cfg.task_id, cfg.init_state_id)])
     name = f"{cfg.env}_{cfg.suite if cfg.env == 'libero' else 'arena'}_task{cfg.task_id}_init{cfg.init_state_id}"
     video = write_video(f"{cfg.out_dir}/{name}_{'success' if ep.success else 'failure'}.mp4", ep.frames or [], fps=20)

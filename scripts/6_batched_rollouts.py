@@ -23,8 +23,9 @@ import torch  # noqa: E402
 
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
-from pi0.ript.env.pi0_libero_runner import Pi0ChunkPolicy, make_env_spec  # noqa: E402
-from pi0.ript.env.pi0_libero_runner_ript_vla import PI0LiberoRunner  # noqa: E402
+from pi0.envs import make_env_spec  # noqa: E402
+from pi0.libero_policy import Pi0ChunkPolicy  # noqa: E402
+from pi0.rollout import RolloutRunner, ript_vla_runner_config  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
 
@@ -53,8 +54,9 @@ def main(argv: list[str] | None = None) -> list:
     policy = (PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device) if cfg.checkpoint
               else tiny_policy().to(cfg.device))
     chunk_policy = Pi0ChunkPolicy(policy, torch.Generator().manual_seed(cfg.seed + rank))
-    with PI0LiberoRunner(spec, chunk_policy, num_envs=cfg.num_envs, group_size=cfg.group_size,
-                         max_steps=cfg.max_steps or None, store_images=False, progress=True) as runner:
+    run_cfg = ript_vla_runner_config(num_envs=cfg.num_envs, group_size=cfg.group_size, max_steps=cfg.max_steps or None,
+                                     store_images=False, progress=True)
+    with RolloutRunner(spec, chunk_policy, run_cfg) as runner:
         episodes = runner.run(states)
         rss = runner.vec_env.worker_rss()
     st = runner.last_stats

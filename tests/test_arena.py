@@ -1,4 +1,4 @@
-"""Tests of the built-in arena env (pi0/envs/arena.py)."""
+"""Tests of the built-in arena env (pi0/envs/arena/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pi0.envs  # noqa: F401 - registers arena-v0
 from pi0.envs.arena import (
     BLOCK_H,
     GREEN,
-    IMAGE_KEYS,
     RED,
     BLUE,
     S,
@@ -25,6 +24,8 @@ from pi0.envs.arena import (
     make_layout,
     task_id_from_prompt,
 )
+
+IMAGE_KEYS = ArenaEnv.image_keys
 
 RAW_KEYS = {
     "agentview_image": ((128, 128, 3), np.uint8),

@@ -18,6 +18,7 @@ from pi0.rollout import (
     ArenaExpertPolicy,
     EnvSpec,
     RolloutRunner,
+    RunnerConfig,
     RunnerHooks,
     SubprocVecEnv,
     WorkerDied,
@@ -32,12 +33,13 @@ INITS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (0, 6), (1, 7), (2, 8)]
 
 
 def reference(group_size: int = 1) -> list:
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=4, use_subprocess=False) as r:
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), RunnerConfig(num_envs=4, use_subprocess=False)) as r:
         return r.run(INITS, group_size=group_size)
 
 
 def test_multi_env_workers_equal_serial_run_and_coalesce_messages():
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=4, envs_per_worker=2, step_timeout=30) as r:
+    run_cfg = RunnerConfig(num_envs=4, envs_per_worker=2, step_timeout=30)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg) as r:
         vec = r.vec_env
         assert vec.num_envs == 4 and vec.num_workers == 2
         pids = vec.worker_pids()
@@ -86,8 +88,8 @@ def test_sigkill_of_a_multi_env_process_fails_and_reruns_all_its_envs():
 
     hooks = RunnerHooks(on_chunk_sent=on_chunk_sent,
                         on_worker_failure=lambda r, w, req, exc: failures.append((w, req.key if req else None, exc)))
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=4, envs_per_worker=2, hooks=hooks,
-                       step_timeout=30, max_episode_attempts=3) as r:
+    run_cfg = RunnerConfig(num_envs=4, envs_per_worker=2, step_timeout=30, max_episode_attempts=3)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg, hooks=hooks) as r:
         eps = r.run(INITS)
         vec = r.vec_env
         assert vec.num_respawns == 1  # the process of envs 0 and 1 was restarted ONCE

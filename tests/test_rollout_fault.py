@@ -29,6 +29,7 @@ from pi0.rollout import (
     RandomChunkPolicy,
     RolloutError,
     RolloutRunner,
+    RunnerConfig,
     RunnerHooks,
     SubprocVecEnv,
     WorkerDied,
@@ -36,7 +37,7 @@ from pi0.rollout import (
     check_env_factory,
     make_env_with_retry,
 )
-from pi0.rollout.types import IMAGE_KEYS
+from pi0.envs import CAMERA_KEYS as IMAGE_KEYS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +99,7 @@ def is_reaped(pid: int) -> bool:
 @functools.lru_cache(maxsize=None)
 def reference_run(group_size: int = 2) -> tuple:
     """Crash-free in-process run of INITS x group_size with the deterministic expert."""
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3, use_subprocess=False) as r:
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), RunnerConfig(num_envs=3, use_subprocess=False)) as r:
         return tuple(r.run(INITS, group_size=group_size))
 
 
@@ -214,7 +215,7 @@ def test_env_creation_retry_with_backoff(tmp_path: Path):
 
 
 def test_recreate_every_n_episodes():
-    with RolloutRunner(ARENA, ArenaExpertPolicy(), num_envs=1, recreate_every=2) as r:
+    with RolloutRunner(ARENA, ArenaExpertPolicy(), RunnerConfig(num_envs=1, recreate_every=2)) as r:
         eps = r.run([(4, k) for k in range(5)])
         assert all(e.success for e in eps)
         assert r.vec_env.worker_info(0)["num_makes"] == 3  # episodes 1-2, 3-4, 5
@@ -228,7 +229,7 @@ def test_close_is_idempotent_and_leaves_no_zombies():
     assert vec.closed and all(is_reaped(p) for p in pids)
     with pytest.raises(RuntimeError):
         vec.reset(0)
-    r = RolloutRunner(ARENA, ArenaExpertPolicy(), num_envs=2)
+    r = RolloutRunner(ARENA, ArenaExpertPolicy(), RunnerConfig(num_envs=2))
     r.run([(0, 0)])
     pids = r.vec_env.worker_pids()
     r.close()
@@ -240,12 +241,12 @@ def test_close_is_idempotent_and_leaves_no_zombies():
 def test_runner_subprocess_equals_serial_and_step_mode():
     ref = list(reference_run())
     assert all(e.success for e in ref)
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3) as r:
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), RunnerConfig(num_envs=3)) as r:
         sub = r.run(INITS, group_size=2)
         assert r.last_stats.env_steps == sum(e.length for e in sub)
     assert_same_episodes(sub, ref)
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=2, remote_chunks=False,
-                       use_subprocess=False) as r:
+    run_cfg = RunnerConfig(num_envs=2, remote_chunks=False, use_subprocess=False)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg) as r:
         step_mode = r.run(INITS, group_size=2)
     assert_same_episodes(step_mode, ref)
 
@@ -268,7 +269,8 @@ class RecordingPolicy:
 def test_runner_batches_active_envs_only_and_records_decisions():
     inits = [(4, 0), (1, 1), (2, 2), (3, 3)]  # four episodes of different lengths
     pol = RecordingPolicy()
-    with RolloutRunner(ARENA, pol, num_envs=4, replan_steps=5, record_video=True, use_subprocess=False) as r:
+    run_cfg = RunnerConfig(num_envs=4, replan_steps=5, record_video=True, use_subprocess=False)
+    with RolloutRunner(ARENA, pol, run_cfg) as r:
         eps = r.run(inits)
     lengths = [e.length for e in eps]
     assert len(set(lengths)) > 1 and all(e.success for e in eps)
@@ -294,8 +296,8 @@ def test_runner_batches_active_envs_only_and_records_decisions():
 
 
 def test_runner_step_cap_and_truncation():
-    with RolloutRunner(ARENA, RandomChunkPolicy(horizon=4, seed=0), num_envs=2, replan_steps=5, max_steps=11,
-                       use_subprocess=False, store_images=False) as r:
+    run_cfg = RunnerConfig(num_envs=2, replan_steps=5, max_steps=11, use_subprocess=False, store_images=False)
+    with RolloutRunner(ARENA, RandomChunkPolicy(horizon=4, seed=0), run_cfg) as r:
         eps = r.run([(0, 0), (1, 0), (2, 0)])
     for e in eps:
         assert all(not any(k in d.obs for k in IMAGE_KEYS) and "robot0_eef_pos" in d.obs for d in e.decisions)
@@ -306,13 +308,13 @@ def test_runner_step_cap_and_truncation():
 
 
 def test_grouped_runner_keeps_groups_together():
+    from pi0.rollout import libero_runner_config, ript_vla_runner_config
     from pi0.ript.env import make_runner
     from pi0.ript.env.pi0_libero_runner import LIBEROEnvRunner
     from pi0.ript.env.pi0_libero_runner_ript_vla import PI0LiberoRunner
 
-    cfg = {"features": {"use_ript_vla_runner": True}, "env": {"id": "arena-v0", "kwargs": {"resolution": 64}},
-           "rollout": {"rloo_batch_size": 2, "num_groups": 2, "use_subprocess": False}}
-    r = make_runner(cfg, ArenaExpertPolicy(horizon=8))
+    cfg = ript_vla_runner_config(num_groups=2, group_size=2, use_subprocess=False)
+    r = make_runner(cfg, ArenaExpertPolicy(horizon=8), EnvSpec("arena-v0", {"resolution": 64}))
     assert isinstance(r, PI0LiberoRunner) and r.config.schedule == "grouped" and r.num_groups == 2
     assert r.config.num_envs == 4 and r.config.group_size == 2
     with r:
@@ -324,8 +326,7 @@ def test_grouped_runner_keeps_groups_together():
         a, b = eps[2 * g], eps[2 * g + 1]
         assert a.worker_index // 2 == b.worker_index // 2 and a.length == b.length
     assert_same_episodes(eps, list(reference_run()))
-    cfg["features"]["use_ript_vla_runner"] = False
-    r2 = make_runner(cfg)
+    r2 = make_runner(libero_runner_config(use_subprocess=False), None, EnvSpec("arena-v0", {"resolution": 64}))
     assert type(r2) is LIBEROEnvRunner and r2.config.schedule == "greedy"
     # thin configurations: no loop code of their own
     assert PI0LiberoRunner.run is RolloutRunner.run and LIBEROEnvRunner.run_requests is RolloutRunner.run_requests
@@ -350,8 +351,8 @@ def test_sigkill_mid_episode_reruns_interrupted_episodes():
     failures = []
     hooks = RunnerHooks(on_chunk_sent=on_chunk_sent,
                         on_worker_failure=lambda r, w, req, exc: failures.append((w, req.key if req else None, exc)))
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3, hooks=hooks, step_timeout=30,
-                       max_episode_attempts=5) as r:
+    run_cfg = RunnerConfig(num_envs=3, step_timeout=30, max_episode_attempts=5)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg, hooks=hooks) as r:
         eps = r.run(INITS, group_size=2)
         assert r.vec_env.num_respawns == 3 and r.last_stats.worker_failures == 3
         assert not set(killed) & set(r.vec_env.worker_pids())
@@ -384,8 +385,9 @@ def test_sigkills_at_seeded_random_points_of_a_long_run():
             os.kill(pid, signal.SIGKILL)
             kills.append(pid)
 
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3, hooks=RunnerHooks(on_chunk_sent=on_chunk_sent),
-                       step_timeout=30, max_episode_attempts=5) as r:
+    run_cfg = RunnerConfig(num_envs=3, step_timeout=30, max_episode_attempts=5)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg,
+                       hooks=RunnerHooks(on_chunk_sent=on_chunk_sent)) as r:
         eps = r.run(inits, group_size=2)
         failures = r.last_stats.worker_failures
         assert r.vec_env.num_respawns == failures
@@ -394,7 +396,8 @@ def test_sigkills_at_seeded_random_points_of_a_long_run():
     assert failures == len(kills)  # each killed worker is used again, found dead and respawned
     assert all(is_reaped(p) for p in kills)
     check_exactly_once(eps, inits, 2)
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=3, use_subprocess=False) as ref_runner:
+    run_cfg = RunnerConfig(num_envs=3, use_subprocess=False)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg) as ref_runner:
         ref = ref_runner.run(inits, group_size=2)
     assert_same_episodes(eps, ref)
 
@@ -417,8 +420,8 @@ def test_worker_dying_while_being_respawned_is_respawned_again(tmp_path: Path, c
 
     hooks = RunnerHooks(on_chunk_sent=on_chunk_sent, on_worker_failure=on_worker_failure)
     caplog.set_level(logging.WARNING, logger="pi0.rollout.runner")
-    with RolloutRunner(CrashingFactory(str(flag)), ArenaExpertPolicy(horizon=8), num_envs=3, hooks=hooks,
-                       step_timeout=30, make_attempts=3, make_backoff=0.01, max_episode_attempts=5) as r:
+    run_cfg = RunnerConfig(num_envs=3, step_timeout=30, make_attempts=3, make_backoff=0.01, max_episode_attempts=5)
+    with RolloutRunner(CrashingFactory(str(flag)), ArenaExpertPolicy(horizon=8), run_cfg, hooks=hooks) as r:
         eps = r.run(INITS, group_size=2)
         pids = r.vec_env.worker_pids()
         assert r.vec_env.num_respawns == 3  # two replacements died during start-up, the third came up
@@ -441,8 +444,9 @@ def test_respawn_gives_up_with_rollout_error_after_make_attempts(tmp_path: Path)
             flag.write_text("3")  # more start-up deaths than make_attempts=2 allows
             os.kill(runner.vec_env.worker_pids()[worker], signal.SIGKILL)
 
-    with RolloutRunner(CrashingFactory(str(flag)), ArenaExpertPolicy(horizon=8), num_envs=2, step_timeout=30,
-                       hooks=RunnerHooks(on_chunk_sent=on_chunk_sent), make_attempts=2, make_backoff=0.01) as r:
+    run_cfg = RunnerConfig(num_envs=2, step_timeout=30, make_attempts=2, make_backoff=0.01)
+    with RolloutRunner(CrashingFactory(str(flag)), ArenaExpertPolicy(horizon=8), run_cfg,
+                       hooks=RunnerHooks(on_chunk_sent=on_chunk_sent)) as r:
         with pytest.raises(RolloutError, match="could not be respawned after 2 attempts") as err:
             r.run(INITS)
         assert isinstance(err.value.__cause__, EnvCreationError)
@@ -480,7 +484,8 @@ def test_sigstop_hang_is_detected_by_step_timeout_and_recovered():
     failures = []
     hooks = RunnerHooks(on_chunk_sent=on_chunk_sent,
                         on_worker_failure=lambda r, w, req, exc: failures.append(exc))
-    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=2, hooks=hooks, step_timeout=1.5) as r:
+    run_cfg = RunnerConfig(num_envs=2, step_timeout=1.5)
+    with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg, hooks=hooks) as r:
         eps = r.run(INITS, group_size=2)
     assert len(failures) == 1 and isinstance(failures[0], WorkerTimeout)
     assert is_reaped(state["pid"])
@@ -500,8 +505,8 @@ def test_env_exception_is_retried_then_gives_up():
 
     failures = []
     hooks = RunnerHooks(on_worker_failure=lambda r, w, req, exc: failures.append(exc))
-    with RolloutRunner(ARENA, ExplodingPolicy(), num_envs=1, max_episode_attempts=2, hooks=hooks,
-                       use_subprocess=False) as r:
+    run_cfg = RunnerConfig(num_envs=1, max_episode_attempts=2, use_subprocess=False)
+    with RolloutRunner(ARENA, ExplodingPolicy(), run_cfg, hooks=hooks) as r:
         with pytest.raises(RolloutError):
             r.run([(0, 0)])
         assert len(failures) == 2 and all(isinstance(f, RemoteEnvError) for f in failures)
@@ -513,8 +518,8 @@ def test_env_exception_is_retried_then_gives_up():
 
 def test_video_frames_every_step_and_step_mode():
     for kwargs, expect in [({"video_every_step": True}, "steps"), ({"remote_chunks": False}, "decisions")]:
-        with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), num_envs=2, record_video=True,
-                           use_subprocess=False, **kwargs) as r:
+        run_cfg = RunnerConfig(num_envs=2, record_video=True, use_subprocess=False, **kwargs)
+        with RolloutRunner(ARENA, ArenaExpertPolicy(horizon=8), run_cfg) as r:
             eps = r.run([(4, 0), (2, 1)])
         for e in eps:
             n = e.length + 1 if expect == "steps" else len(e.decisions) + 1

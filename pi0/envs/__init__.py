@@ -1,18 +1,34 @@
-"""Gymnasium environments of the project; registering is cheap (entry points are strings, nothing is imported)."""
+"""Gymnasium environments of the project and their conventions (:mod:`pi0.envs.conventions`).
+
+Registering is cheap (entry points are strings; no simulator is imported).
+"""
 
 from gymnasium.envs.registration import register
 
-# LIBERO suites (the env truncates itself at the suite's max steps, hence max_episode_steps=None).
-register(id="libero-spatial-v0", entry_point="pi0.envs.libero_env:LiberoEnv", kwargs={"suite": "libero_spatial"},
-         max_episode_steps=None, disable_env_checker=True)
-register(id="libero-object-v0", entry_point="pi0.envs.libero_env:LiberoEnv", kwargs={"suite": "libero_object"},
-         max_episode_steps=None, disable_env_checker=True)
-register(id="libero-goal-v0", entry_point="pi0.envs.libero_env:LiberoEnv", kwargs={"suite": "libero_goal"},
-         max_episode_steps=None, disable_env_checker=True)
-register(id="libero-10-v0", entry_point="pi0.envs.libero_env:LiberoEnv", kwargs={"suite": "libero_10"},
-         max_episode_steps=None, disable_env_checker=True)
-register(id="libero-90-v0", entry_point="pi0.envs.libero_env:LiberoEnv", kwargs={"suite": "libero_90"},
-         max_episode_steps=None, disable_env_checker=True)
+from pi0.envs.conventions import (
+    ARENA_GYM_ID,
+    CAMERA_KEYS,
+    LIBERO_GYM_IDS,
+    LIBERO_SUITE_TABLE,
+    LIBERO_SUITES,
+    SUITE_MAX_STEPS,
+    WAIT_ACTION,
+    EnvSpec,
+    libero_env_spec,
+    make_env_spec,
+    upright,
+)
 
-# Arena: fast built-in language-conditioned tabletop task with LIBERO's observation keys (pi0/envs/arena.py).
-register(id="arena-v0", entry_point="pi0.envs.arena:ArenaEnv", max_episode_steps=None, disable_env_checker=True)
+__all__ = ["ARENA_GYM_ID", "CAMERA_KEYS", "LIBERO_GYM_IDS", "LIBERO_SUITE_TABLE", "LIBERO_SUITES", "SUITE_MAX_STEPS",
+           "WAIT_ACTION", "EnvSpec", "libero_env_spec", "make_env_spec", "upright"]
+
+# LIBERO suites (the env truncates itself at the suite's max steps, hence max_episode_steps=None).
+for _suite, _row in LIBERO_SUITE_TABLE.items():
+    register(id=_row.gym_id, entry_point="pi0.envs.libero_env:LiberoEnv", kwargs={"suite": _suite},
+             max_episode_steps=None, disable_env_checker=True)
+
+# Arena: fast built-in language-conditioned tabletop task with LIBERO's observation keys (pi0/envs/arena/).
+register(id=ARENA_GYM_ID, entry_point="pi0.envs.arena:ArenaEnv", max_episode_steps=None, disable_env_checker=True)
+# The arena behind a simulated network API (latency per call): I/O-bound envs for the thread / asyncio backends.
+register(id="arena-remote-v0", entry_point="pi0.envs.arena.remote:RemoteArenaEnv", max_episode_steps=None,
+         disable_env_checker=True)

@@ -36,8 +36,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from pi0.rollout.types import LIBERO_WAIT_ACTION
-from pi0.transforms import rotate_180
+from pi0.envs.conventions import (
+    CAMERA_KEYS,
+    LIBERO_SUITES,
+    PROPRIO_KEYS,
+    SUITE_MAX_STEPS,
+    WAIT_ACTION,
+    check_libero_suite,
+    upright,
+)
 
 # Headless rendering by default; must be set before mujoco / robosuite are imported (they are imported lazily).
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -59,20 +66,6 @@ __all__ = [
     "upright_frame",
 ]
 
-# Per-suite policy-step budgets of openpi's LIBERO evaluation (wait steps not included).
-SUITE_MAX_STEPS: dict[str, int] = {
-    "libero_spatial": 220,
-    "libero_object": 280,
-    "libero_goal": 300,
-    "libero_10": 520,
-    "libero_90": 400,
-}
-LIBERO_SUITES: tuple[str, ...] = tuple(SUITE_MAX_STEPS)
-# Do-nothing action with the gripper open (-1), used while objects settle after reset (defined once, in
-# pi0.rollout.types; an array here for callers that step the env with it).
-WAIT_ACTION = np.array(LIBERO_WAIT_ACTION)
-CAMERA_KEYS: tuple[str, ...] = ("agentview_image", "robot0_eye_in_hand_image")
-PROPRIO_KEYS: tuple[str, ...] = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
 _PROPRIO_DIMS = {"robot0_eef_pos": 3, "robot0_eef_quat": 4, "robot0_gripper_qpos": 2}
 
 
@@ -93,16 +86,10 @@ class LiberoTask:
         return int(self.init_states.shape[0])
 
 
-def _check_suite(suite: str) -> None:
-    """Raise ValueError if ``suite`` is not one of the supported LIBERO suites."""
-    if suite not in SUITE_MAX_STEPS:
-        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(LIBERO_SUITES)}")
-
-
 @functools.lru_cache(maxsize=None)
 def _benchmark(suite: str) -> Any:
     """LIBERO benchmark object of ``suite`` (imports only the lightweight benchmark module, not the simulator)."""
-    _check_suite(suite)
+    check_libero_suite(suite)
     from libero.libero import benchmark  # lazy: no mujoco / robosuite import
 
     with contextlib.redirect_stdout(io.StringIO()):  # LIBERO prints its task order
@@ -126,7 +113,7 @@ def _check_task_id(suite: str, task_id: int) -> None:
 
 def resolve_libero_task(suite: str, task_id: int) -> LiberoTask:
     """Look up one task without creating a simulator; ValueError for an unknown suite or task id."""
-    _check_suite(suite)
+    check_libero_suite(suite)
     _check_task_id(suite, task_id)
     from libero.libero import get_libero_path
 
@@ -138,7 +125,7 @@ def resolve_libero_task(suite: str, task_id: int) -> LiberoTask:
 
 def libero_task_info(suite: str) -> list[tuple[int, str, int]]:
     """List of (task_id, language, n_init_states) for every task of ``suite``."""
-    _check_suite(suite)
+    check_libero_suite(suite)
     bench = _benchmark(suite)
     return [(i, bench.get_task(i).language, int(_init_states(suite, i).shape[0])) for i in range(bench.get_num_tasks())]
 
@@ -173,7 +160,7 @@ def scripted_actions(num_steps: int, period: int = 40, amplitude: float = 0.5) -
 
 def upright_frame(obs: Mapping[str, np.ndarray]) -> np.ndarray:
     """Video frame (H, 2W, 3) uint8: agentview | wrist camera, both rotated 180 degrees to be upright."""
-    return np.concatenate([rotate_180(obs[key]) for key in CAMERA_KEYS], axis=1)
+    return np.concatenate([upright(obs[key]) for key in CAMERA_KEYS], axis=1)
 
 
 class _CameraGate:
@@ -198,6 +185,8 @@ class LiberoEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    image_keys: tuple[str, ...] = CAMERA_KEYS  # what the rollout engine renders on demand / strips
+    wait_action: tuple[float, ...] = WAIT_ACTION
 
     def __init__(
         self,
@@ -432,7 +421,8 @@ class LiberoEnv(gym.Env):
         rendered = render or not self._render_on_demand
         obs = self._make_obs(raw, rendered)
         for i in range(self.num_wait_steps):
-            obs, _, _, rendered = self._raw_step(WAIT_ACTION, render and i == self.num_wait_steps - 1)
+            wait = np.asarray(WAIT_ACTION, np.float64)
+            obs, _, _, rendered = self._raw_step(wait, render and i == self.num_wait_steps - 1)
         self._policy_steps = 0
         self._success = False
         self._needs_reset = False
@@ -493,7 +483,7 @@ class LiberoEnv(gym.Env):
         """Upright agentview frame (res, res, 3) uint8 of the latest rendered observation, or None."""
         if self._last_obs is None or "agentview_image" not in self._last_obs:
             return None
-        return rotate_180(self._last_obs["agentview_image"])
+        return upright(self._last_obs["agentview_image"])
 
     def close(self) -> None:
         """Close the simulator (frees the EGL context); safe to call twice."""

@@ -1,68 +1,37 @@
-"""Parallel rollout engine: subprocess vector envs, the batched chunk-policy runner, executors.
+"""Parallel rollout engine: vector envs (subprocess, in-process, threads), the batched chunk-policy runner.
 
-Importing this package does not import torch (workers stay light).
+Modules: ``types`` (policy protocol, requests, Episode / RunStats records), ``config`` (RunnerConfig and
+presets), ``scheduler`` (greedy / grouped), ``runner`` (the loop), ``vec_env`` / ``subproc_vec_env`` /
+``thread_vec_env`` (backends), ``env_server`` (the worker side), ``transport`` (pipes), ``errors``.
+Env conventions and :class:`~pi0.envs.EnvSpec` live in :mod:`pi0.envs`. Importing this package does not
+import torch (workers stay light).
 """
 
-from pi0.rollout.executors import (
-    AsyncExecutor,
-    EnvStats,
-    ExecutorError,
-    Rollout,
-    RolloutCollector,
-    RolloutStats,
-    SerialExecutor,
-    ThreadExecutor,
-    compute_stats,
-    max_concurrency,
-)
+from pi0.envs.conventions import EnvSpec
+from pi0.rollout.config import RunnerConfig, libero_runner_config, ript_vla_runner_config
+from pi0.rollout.env_server import EnvFactory, EnvOptions, call_with_backoff, make_env_with_retry
+from pi0.rollout.errors import EnvCreationError, RemoteEnvError, WorkerDied, WorkerError, WorkerTimeout
 from pi0.rollout.policies import ArenaExpertPolicy, LatencyPolicy, RandomChunkPolicy, ZeroChunkPolicy
-from pi0.rollout.runner import RolloutError, RolloutRunner, RunnerConfig, RunnerHooks, RunStats, make_requests
-from pi0.rollout.types import (
-    IMAGE_KEYS,
-    LIBERO_WAIT_ACTION,
-    ChunkPolicy,
-    DecisionPoint,
-    Episode,
-    EpisodeRequest,
-    PolicyOutput,
-    upright,
-)
-from pi0.rollout.vec_env import (
-    EnvCreationError,
-    EnvFactory,
-    EnvSpec,
-    RemoteEnvError,
-    SerialVecEnv,
-    SubprocVecEnv,
-    WorkerDied,
-    WorkerError,
-    WorkerTimeout,
-    call_with_backoff,
-    check_env_factory,
-    make_env_with_retry,
-)
+from pi0.rollout.runner import RolloutError, RolloutRunner, RunnerHooks, make_vec_env
+from pi0.rollout.scheduler import GreedyScheduler, GroupedScheduler, make_requests
+from pi0.rollout.subproc_vec_env import SubprocVecEnv
+from pi0.rollout.thread_vec_env import AsyncioVecEnv, ThreadVecEnv
+from pi0.rollout.types import ChunkPolicy, DecisionPoint, Episode, EpisodeRequest, PolicyOutput, RunStats
+from pi0.rollout.vec_env import SerialVecEnv, VecEnvBase, check_env_factory
 
 __all__ = [
     "ArenaExpertPolicy",
-    "AsyncExecutor",
-    "EnvStats",
-    "ExecutorError",
-    "Rollout",
-    "RolloutCollector",
-    "RolloutStats",
-    "SerialExecutor",
-    "ThreadExecutor",
-    "compute_stats",
-    "max_concurrency",
+    "AsyncioVecEnv",
     "ChunkPolicy",
     "DecisionPoint",
     "EnvCreationError",
     "EnvFactory",
+    "EnvOptions",
     "EnvSpec",
     "Episode",
     "EpisodeRequest",
-    "IMAGE_KEYS",
-    "LIBERO_WAIT_ACTION",
+    "GreedyScheduler",
+    "GroupedScheduler",
     "LatencyPolicy",
     "PolicyOutput",
     "RandomChunkPolicy",
@@ -74,13 +43,17 @@ __all__ = [
     "RunnerHooks",
     "SerialVecEnv",
     "SubprocVecEnv",
+    "ThreadVecEnv",
+    "VecEnvBase",
     "WorkerDied",
     "WorkerError",
     "WorkerTimeout",
     "ZeroChunkPolicy",
     "call_with_backoff",
     "check_env_factory",
+    "libero_runner_config",
     "make_env_with_retry",
     "make_requests",
-    "upright",
+    "make_vec_env",
+    "ript_vla_runner_config",
 ]

@@ -17,10 +17,19 @@ Loop (one iteration = one "round")
 Groups and scheduling
 ---------------------
 ``run(init_states, group_size=K)`` requests K rollouts of every ``(task_id, init_state_id)``
-(RLOO-style groups). ``schedule="greedy"`` gives the next episode to any free worker (preferring a
+(RLOO-style groups). A scheduler (:mod:`pi0.rollout.scheduler`) decides which free worker runs
+which episode: ``schedule="greedy"`` gives the next episode to any free worker (preferring a
 worker whose env already has the episode's task); ``schedule="grouped"`` splits the workers into
 ``num_envs // K`` blocks of K and runs the K members of a group together on one block, so they
 share their init state *and* their policy batches.
+
+Backends
+--------
+The envs run in worker processes (``use_subprocess=True``, default), or in this process: one after
+the other (``in_process="serial"``), on a thread per env (``in_process="thread"``) or as coroutines on
+an event loop (``in_process="asyncio"``); the last two are for I/O-bound envs such as envs behind a
+network API. Every backend returns the same
+:class:`~pi0.rollout.types.Episode` records and :class:`~pi0.rollout.types.RunStats`.
 
 Crash recovery
 --------------
@@ -40,57 +49,29 @@ import dataclasses
 import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pi0.rollout.types import (
-    IMAGE_KEYS,
-    LIBERO_WAIT_ACTION,
-    ChunkPolicy,
-    DecisionPoint,
-    Episode,
-    EpisodeRequest,
-    PolicyOutput,
-    upright,
-)
-from pi0.rollout.vec_env import EnvFactory, EnvSpec, SerialVecEnv, SubprocVecEnv, WorkerError, call_with_backoff
+from pi0.envs.conventions import EnvSpec, upright
+from pi0.rollout.config import RunnerConfig
+from pi0.rollout.env_server import EnvFactory, call_with_backoff
+from pi0.rollout.errors import WorkerError
+from pi0.rollout.scheduler import Scheduler, make_requests, make_scheduler
+from pi0.rollout.subproc_vec_env import SubprocVecEnv
+from pi0.rollout.thread_vec_env import AsyncioVecEnv, ThreadVecEnv
+from pi0.rollout.types import ChunkPolicy, DecisionPoint, Episode, EpisodeRequest, PolicyOutput, RunStats
+from pi0.rollout.vec_env import SerialVecEnv, VecEnvBase
 
-__all__ = ["RolloutError", "RolloutRunner", "RunStats", "RunnerConfig", "RunnerHooks", "make_requests"]
+__all__ = ["RolloutError", "RolloutRunner", "RunStats", "RunnerConfig", "RunnerHooks", "make_requests",
+           "make_vec_env"]
 
 log = logging.getLogger(__name__)
 
 
 class RolloutError(RuntimeError):
     """An episode could not be completed (it failed ``max_episode_attempts`` times)."""
-
-
-@dataclass
-class RunnerConfig:
-    """Settings of :class:`RolloutRunner` (subclasses change the defaults, not the loop)."""
-
-    num_envs: int = 4  # envs (one worker process each, or in-process envs with use_subprocess=False)
-    envs_per_worker: int = 1  # >1: each worker process hosts this many envs, one batched message per round
-    replan_steps: int = 5  # actions executed from each predicted chunk before replanning
-    max_steps: int | None = None  # optional cap on policy steps per episode (the env truncates too)
-    group_size: int = 1  # default K of run()
-    schedule: str = "greedy"  # "greedy" | "grouped"
-    settle_steps: int = 0  # extra do-nothing steps after reset (LiberoEnv already does its own wait steps)
-    settle_action: tuple[float, ...] = LIBERO_WAIT_ACTION
-    remote_chunks: bool = True  # execute whole chunks in the worker (1 round trip per decision)
-    store_images: bool = True  # keep the image keys of decision-point observations (False: low-dim keys only)
-    record_video: bool = False  # keep upright agentview frames (decision points + final frame)
-    video_every_step: bool = False  # ... or of every step (renders every step)
-    use_subprocess: bool = True  # False: in-process SerialVecEnv (debugging, baselines)
-    step_timeout: float = 120.0  # seconds without a reply before a worker counts as hung
-    start_timeout: float = 600.0  # seconds to build an env in a (re)started worker
-    make_attempts: int = 3  # env creation / worker respawn attempts (exponential backoff)
-    make_backoff: float = 0.5  # first backoff in seconds (doubles each attempt)
-    recreate_every: int | None = None  # re-create each worker's env every N episodes
-    max_episode_attempts: int = 3  # an episode may be started this many times before RolloutError
-    progress: bool = False  # tqdm bar over episodes (rank 0 only)
 
 
 @dataclass
@@ -102,37 +83,17 @@ class RunnerHooks:
     on_worker_failure: Callable[["RolloutRunner", int, EpisodeRequest | None, BaseException], None] | None = None
 
 
-@dataclass
-class RunStats:
-    """Counters of the last :meth:`RolloutRunner.run` call."""
-
-    num_episodes: int = 0
-    env_steps: int = 0
-    policy_calls: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
-    worker_failures: int = 0
-    respawn_failures: int = 0  # respawned workers that died / failed during start-up (then retried)
-    wall_time: float = 0.0
-    policy_time: float = 0.0
-    success_rate: float = 0.0
-
-    @property
-    def steps_per_second(self) -> float:
-        """Env steps per wall-clock second."""
-        return self.env_steps / self.wall_time if self.wall_time > 0 else 0.0
-
-    @property
-    def mean_batch_size(self) -> float:
-        """Mean number of observations per policy call."""
-        return float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
-
-
-def make_requests(init_states: Sequence[tuple[int, int]], group_size: int = 1) -> list[EpisodeRequest]:
-    """Flatten ``init_states`` x ``group_size`` into requests (group-major: index = g * K + k)."""
-    if group_size < 1:
-        raise ValueError("group_size must be >= 1")
-    return [EpisodeRequest(index=g * group_size + k, task_id=int(t), init_state_id=int(s), sample_index=k, group_index=g)
-            for g, (t, s) in enumerate(init_states) for k in range(group_size)]
+def make_vec_env(env_factory: EnvFactory, c: RunnerConfig) -> VecEnvBase:
+    """The vector env of ``c.backend`` ("subprocess" | "serial" | "thread" | "asyncio"), settings from ``c``."""
+    opts = dict(make_attempts=c.make_attempts, make_backoff=c.make_backoff, make_backoff_max=c.make_backoff_max,
+                recreate_every=c.recreate_every)
+    if c.backend == "subprocess":
+        return SubprocVecEnv(env_factory, c.num_envs, step_timeout=c.step_timeout, start_timeout=c.start_timeout,
+                             envs_per_worker=c.envs_per_worker, **opts)
+    if c.backend in ("thread", "asyncio"):
+        cls = ThreadVecEnv if c.backend == "thread" else AsyncioVecEnv
+        return cls(env_factory, c.num_envs, step_timeout=c.step_timeout, **opts)
+    return SerialVecEnv(env_factory, c.num_envs, **opts)
 
 
 def _is_rank0() -> bool:
@@ -141,14 +102,15 @@ def _is_rank0() -> bool:
 
 
 class _Slot:
-    """Book-keeping of the episode running on one worker."""
+    """The episode running on one worker: its action queue, its decisions, its record in the making."""
 
-    __slots__ = ("request", "worker", "prompt", "obs", "t", "total_reward", "decisions", "frames", "plan",
-                 "n_plan", "cursor", "in_flight", "needs_decision", "terminated", "truncated", "info")
+    __slots__ = ("request", "worker", "image_keys", "prompt", "obs", "t", "total_reward", "decisions", "frames",
+                 "plan", "n_plan", "cursor", "in_flight", "needs_decision", "terminated", "truncated", "info")
 
-    def __init__(self, request: EpisodeRequest, worker: int, record_video: bool) -> None:
+    def __init__(self, request: EpisodeRequest, worker: int, image_keys: Sequence[str], record_video: bool) -> None:
         self.request = request
         self.worker = worker
+        self.image_keys = tuple(image_keys)  # the env's own camera keys (first one: video)
         self.prompt = ""
         self.obs: dict[str, np.ndarray] | None = None
         self.t = 0
@@ -164,82 +126,133 @@ class _Slot:
         self.truncated = False
         self.info: dict[str, Any] = {}
 
+    def _add_frame(self, obs: dict[str, np.ndarray] | None) -> None:
+        """Keep the upright first-camera image of ``obs`` as a video frame (if it has one)."""
+        if self.frames is not None and obs is not None and self.image_keys and self.image_keys[0] in obs:
+            self.frames.append(upright(obs[self.image_keys[0]]))
+
+    def on_reset(self, reply: dict[str, Any]) -> None:
+        """Apply a reset reply: the first observation, now at a decision point."""
+        self.in_flight = False
+        self.prompt = reply["prompt"] or ""
+        self.obs = reply["obs"]
+        self.info = dict(reply["info"] or {})
+        self.needs_decision = True
+        self._add_frame(self.obs)  # initial frame
+
+    def on_chunk(self, reply: dict[str, Any], c: RunnerConfig) -> bool:
+        """Apply a chunk reply (``k`` executed actions); True once the episode is over."""
+        self.in_flight = False
+        k = int(reply["n"])
+        d = self.decisions[-1]
+        d.valid[self.cursor:self.cursor + k] = True
+        d.rewards[self.cursor:self.cursor + k] = reply["rewards"]
+        self.cursor += k
+        self.t += k
+        self.total_reward += float(np.sum(reply["rewards"]))
+        self.info = dict(reply["info"] or {})
+        self.terminated, self.truncated = bool(reply["terminated"]), bool(reply["truncated"])
+        capped = c.max_steps is not None and self.t >= c.max_steps
+        done = self.terminated or self.truncated or capped
+        if self.frames is not None:
+            if c.video_every_step:
+                self.frames.extend(reply["frames"] or [])
+            elif done or self.cursor >= self.n_plan:
+                self._add_frame(reply["obs"])
+        if done:
+            self.truncated = self.truncated or (capped and not self.terminated)
+        elif self.cursor >= self.n_plan:
+            self.obs = reply["obs"]
+            self.needs_decision = True
+        return done
+
+    def plan_chunk(self, chunk: np.ndarray, extras: dict[str, np.ndarray], c: RunnerConfig) -> None:
+        """Record a decision point and queue the first ``replan_steps`` actions of ``chunk`` ``(H, A)``."""
+        r = c.replan_steps
+        n_plan = min(r, chunk.shape[0])
+        if c.max_steps is not None:
+            n_plan = min(n_plan, c.max_steps - self.t)
+        acts = np.zeros((r, chunk.shape[1]), dtype=chunk.dtype)
+        acts[:n_plan] = chunk[:n_plan]
+        assert self.obs is not None
+        obs = self.obs if c.store_images else {k: v for k, v in self.obs.items() if k not in self.image_keys}
+        self.decisions.append(DecisionPoint(step=self.t, obs=obs, actions=acts, valid=np.zeros(r, dtype=bool),
+                                            rewards=np.zeros(r, dtype=np.float64), extras=extras))
+        self.plan, self.n_plan, self.cursor = acts, n_plan, 0
+        self.needs_decision = False
+        self.obs = None
+
+    def next_actions(self, c: RunnerConfig) -> tuple[np.ndarray, str]:
+        """The queued action(s) to send ``(k, A)`` and the render mode of the reply."""
+        assert self.plan is not None
+        end = self.n_plan if c.remote_chunks else self.cursor + 1
+        acts = self.plan[self.cursor:end]
+        last = self.cursor + len(acts) >= self.n_plan
+        if c.record_video and (last or not c.remote_chunks):
+            return acts, "always"  # video: the final frame is needed even if the episode ends here
+        return acts, ("decision" if last else "none")
+
+    def to_episode(self) -> Episode:
+        """The finished episode's record (padding actions zeroed)."""
+        req = self.request
+        for d in self.decisions:
+            d.actions[~d.valid] = 0
+        return Episode(index=req.index, task_id=req.task_id, init_state_id=req.init_state_id,
+                       sample_index=req.sample_index, group_index=req.group_index, prompt=self.prompt,
+                       success=bool(self.info.get("success", self.terminated)), length=self.t,
+                       total_reward=self.total_reward, terminated=self.terminated, truncated=self.truncated,
+                       decisions=self.decisions, frames=self.frames, attempts=req.attempts, worker_index=self.worker,
+                       info=self.info)
+
 
 class RolloutRunner:
     """Batched chunked-policy rollouts over a pool of env workers (see module docstring).
 
-    ``env_factory``: an :class:`EnvSpec` (or any picklable ``factory(**overrides) -> env``); the
-    worker passes ``task_id=...`` when an episode needs another task. ``policy``: a
-    :class:`ChunkPolicy` living in this process only. Settings come from ``config`` (or the class
-    ``DEFAULTS``) updated with keyword ``overrides``. Workers start lazily on first use and are
+    ``env_factory``: an :class:`~pi0.envs.EnvSpec` (or any picklable ``factory(**overrides) -> env``);
+    the worker passes ``task_id=...`` when an episode needs another task. ``policy``: a
+    :class:`ChunkPolicy` living in this process only. ``config``: a :class:`RunnerConfig` (or a preset
+    such as :func:`pi0.rollout.config.libero_runner_config`). Workers start lazily on first use and are
     reused across :meth:`run` calls until :meth:`close`.
     """
 
-    DEFAULTS: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, env_factory: EnvFactory, policy: ChunkPolicy | None = None,
+    def __init__(self, env_factory: EnvFactory | str, policy: ChunkPolicy | None = None,
                  config: RunnerConfig | None = None, *, hooks: RunnerHooks | None = None,
-                 vec_env: SubprocVecEnv | SerialVecEnv | None = None, **overrides: Any) -> None:
+                 vec_env: VecEnvBase | None = None) -> None:
         """Create the runner (cheap: no worker is started here)."""
         if isinstance(env_factory, str):
             env_factory = EnvSpec(env_factory)
-        base = config if config is not None else RunnerConfig(**self.DEFAULTS)
-        self.config = dataclasses.replace(base, **overrides)
-        c = self.config
-        if c.schedule not in ("greedy", "grouped"):
-            raise ValueError(f"schedule must be 'greedy' or 'grouped', got {c.schedule!r}")
-        if c.replan_steps < 1 or c.num_envs < 1 or c.envs_per_worker < 1:
-            raise ValueError("replan_steps, num_envs and envs_per_worker must be >= 1")
+        if config is not None and not isinstance(config, RunnerConfig):
+            raise TypeError(f"config must be a RunnerConfig, got {type(config).__name__}")
+        self.config = config if config is not None else RunnerConfig()
         self.env_factory = env_factory
         self.policy = policy
         self.hooks = hooks or RunnerHooks()
         self._vec = vec_env
         self._owns_vec = vec_env is None
-        self._worker_task: list[int | None] = []
-        self._task_affinity = True
+        self.worker_task: list[int | None] = []  # the task each worker's env has now
         self.last_stats = RunStats()
 
     # ------------------------------------------------------------------ workers
     @property
-    def vec_env(self) -> SubprocVecEnv | SerialVecEnv:
+    def vec_env(self) -> VecEnvBase:
         """The vector env (started on first access)."""
         if self._vec is None:
-            c = self.config
-            cls = SubprocVecEnv if c.use_subprocess else SerialVecEnv
-            self._vec = cls(self.env_factory, c.num_envs, step_timeout=c.step_timeout, start_timeout=c.start_timeout,
-                            make_attempts=c.make_attempts, make_backoff=c.make_backoff,
-                            recreate_every=c.recreate_every, envs_per_worker=c.envs_per_worker)
-        if not self._worker_task or len(self._worker_task) != self._vec.num_envs:
-            self._worker_task = [self._ready_info(i).get("task_id") for i in range(self._vec.num_envs)]
-            # Task affinity only pays off when switching task means re-creating the env (LIBERO).
-            self._task_affinity = not all(self._ready_info(i).get("supports_task_switch", False)
-                                          for i in range(self._vec.num_envs))
+            self._vec = make_vec_env(self.env_factory, self.config)
+        if len(self.worker_task) != self._vec.num_envs:
+            self.worker_task = [self._vec.env_ready_info(i).get("task_id") for i in range(self._vec.num_envs)]
         return self._vec
 
-    def _ready_info(self, index: int) -> dict[str, Any]:
-        """What worker ``index`` reported when its env was built (empty if unknown)."""
-        env_ready_info = getattr(self._vec, "env_ready_info", None)
-        if env_ready_info is not None:
-            return env_ready_info(index)
-        workers = getattr(self._vec, "_workers", None)
-        if workers and workers[index] is not None:
-            return workers[index].ready_info
-        servers = getattr(self._vec, "_servers", None)
-        if servers and servers[index] is not None:
-            return servers[index].describe()
-        return {}
+    @property
+    def task_affinity(self) -> bool:
+        """Whether to prefer a worker whose env has the episode's task: only when a switch re-creates the env."""
+        vec = self.vec_env
+        return not all(vec.env_ready_info(i).get("supports_task_switch", False) for i in range(vec.num_envs))
 
-    def _respawn(self, worker: int, overrides: dict[str, Any] | None, stats: RunStats,
-                 req: EpisodeRequest | None) -> None:
-        """Respawn ``worker``, retrying with exponential backoff; RolloutError once the attempts are used up.
-
-        Attempts and backoff come from the vec env (``make_attempts``, ``make_backoff``,
-        ``make_backoff_max``), falling back to this runner's config for a vec env without them.
-        """
-        vec, c = self._vec, self.config
-        attempts = max(1, int(getattr(vec, "make_attempts", c.make_attempts)))
-        backoff = float(getattr(vec, "make_backoff", c.make_backoff))
-        backoff_max = float(getattr(vec, "make_backoff_max", 30.0))
+    def respawn(self, worker: int, overrides: dict[str, Any] | None, stats: RunStats,
+                req: EpisodeRequest | None) -> None:
+        """Respawn ``worker`` with exponential backoff (the vec env's ``env_options``); RolloutError when used up."""
+        vec = self.vec_env
+        o = vec.env_options
         tries = 0
 
         def attempt() -> None:
@@ -249,21 +262,24 @@ class RolloutRunner:
                 vec.respawn(worker, overrides=overrides)
             except WorkerError as exc:
                 stats.respawn_failures += 1
-                log.warning("respawn %d/%d of env worker %d failed: %s", tries, attempts, worker, exc)
+                log.warning("respawn %d/%d of env worker %d failed: %s", tries, o.make_attempts, worker, exc)
                 raise
 
         try:
-            call_with_backoff(attempt, attempts, backoff, backoff_max, retry_on=WorkerError)
+            call_with_backoff(attempt, o.make_attempts, o.make_backoff, o.make_backoff_max, retry_on=WorkerError)
         except WorkerError as exc:
             what = f" (its interrupted episode {req.key} cannot be re-run)" if req is not None else ""
-            raise RolloutError(f"env worker {worker} could not be respawned after {attempts} attempts{what}; "
+            raise RolloutError(f"env worker {worker} could not be respawned after {o.make_attempts} attempts{what}; "
                                f"last error: {exc}") from exc
+        if overrides is not None and "task_id" in overrides:
+            self.worker_task[worker] = overrides["task_id"]
 
     def close(self) -> None:
         """Stop the workers (if this runner started them); idempotent."""
         if self._vec is not None and self._owns_vec:
             self._vec.close()
             self._vec = None
+            self.worker_task = []  # a new vec env reports its own tasks
 
     def __enter__(self) -> "RolloutRunner":
         return self
@@ -287,249 +303,171 @@ class RolloutRunner:
         if len({r.index for r in requests}) != len(requests):
             raise ValueError("request indices must be unique")
         requests = [dataclasses.replace(r, attempts=0) for r in requests]  # the caller's objects stay as given
-        c = self.config
         vec = self.vec_env
-        n_env = vec.num_envs
-        grouped = c.schedule == "grouped"
-        if grouped and group_size > n_env:
-            raise ValueError(f"grouped schedule needs num_envs >= group_size ({n_env} < {group_size})")
-        blocks = n_env // group_size if grouped else n_env
-        stats = RunStats()
-        t_start = time.perf_counter()
-        results: dict[int, Episode] = {}
-        slots: list[_Slot | None] = [None] * n_env
-        queue: deque[EpisodeRequest] = deque(requests)
-        groups: deque[list[EpisodeRequest]] = deque()
-        if grouped:
-            by_group: dict[int, list[EpisodeRequest]] = {}
-            for r in requests:
-                by_group.setdefault(r.group_index, []).append(r)
-            for g in by_group.values():
-                if len(g) > group_size:
-                    raise ValueError("a group has more members than group_size")
-            groups = deque(by_group.values())
-        bar = None
-        if c.progress and _is_rank0():
+        scheduler = make_scheduler(self.config.schedule, requests, vec.num_envs, group_size, self.task_affinity)
+        run = _Run(self, vec, policy, scheduler, len(requests))
+        episodes = run.loop()
+        self.last_stats = run.stats
+        return [episodes[r.index] for r in sorted(requests, key=lambda r: r.index)]
+
+
+class _Run:
+    """One :meth:`RolloutRunner.run_requests` call: the slots, the scheduler and the four-step loop."""
+
+    def __init__(self, runner: RolloutRunner, vec: VecEnvBase, policy: ChunkPolicy, scheduler: Scheduler,
+                 num_requests: int) -> None:
+        self.runner, self.vec, self.policy, self.scheduler = runner, vec, policy, scheduler
+        self.c = runner.config
+        self.hooks = runner.hooks
+        self.num_requests = num_requests
+        self.slots: list[_Slot | None] = [None] * vec.num_envs
+        self.results: dict[int, Episode] = {}
+        self.last_error: dict[int, BaseException] = {}
+        self.stats = RunStats()
+        self.bar = None
+        if self.c.progress and _is_rank0():
             from tqdm import tqdm
 
-            bar = tqdm(total=len(requests), desc="rollouts", unit="ep")
+            self.bar = tqdm(total=num_requests, desc="rollouts", unit="ep")
 
-        last_error: dict[int, BaseException] = {}
-
-        def start(worker: int, req: EpisodeRequest) -> None:
-            """Begin (or restart) ``req`` on ``worker``."""
-            req.attempts += 1
-            if req.attempts > c.max_episode_attempts:
-                raise RolloutError(f"episode {req.key} failed {c.max_episode_attempts} times; giving up; last "
-                                   f"error: {last_error.get(req.index)!r}") from last_error.get(req.index)
-            slot = _Slot(req, worker, c.record_video)
-            slots[worker] = slot
-            try:
-                vec.reset_async(worker, task_id=req.task_id, init_state_id=req.init_state_id, render=True,
-                                settle_steps=c.settle_steps, settle_action=np.asarray(c.settle_action, np.float64))
-            except WorkerError as exc:
-                fail(worker, exc)
-                return
-            slot.in_flight = True
-
-        def fail(worker: int, exc: BaseException) -> None:
-            """Respawn ``worker`` and re-run its interrupted episode from its init state."""
-            stats.worker_failures += 1
-            slot = slots[worker]
-            req = slot.request if slot is not None else None
-            slots[worker] = None
-            if req is not None:
-                last_error[req.index] = exc
-            if self.hooks.on_worker_failure is not None:
-                self.hooks.on_worker_failure(self, worker, req, exc)
-            task = req.task_id if req is not None else self._worker_task[worker]
-            overrides = {"task_id": task} if task is not None and self._worker_task[worker] is not None else None
-            self._respawn(worker, overrides, stats, req)
-            if overrides is not None:
-                self._worker_task[worker] = task
-            if req is None:
-                return
-            if grouped:
-                start(worker, req)  # keep the group on its block
-            else:
-                queue.appendleft(req)
-
-        def assign_greedy(worker: int) -> None:
-            """Give ``worker`` the next request, preferring one whose task its env already has."""
-            if not queue:
-                return
-            pick = 0
-            wt = self._worker_task[worker]
-            if self._task_affinity and wt is not None and queue[0].task_id != wt:
-                for j, r in enumerate(queue):
-                    if j >= 4 * n_env:
-                        break
-                    if r.task_id == wt:
-                        pick = j
-                        break
-            req = queue[pick]
-            del queue[pick]
-            start(worker, req)
-
-        def fill(worker: int | None = None) -> None:
-            """Start episodes on free workers (all, or only ``worker`` / its block)."""
-            if grouped:
-                for b in range(blocks) if worker is None else [worker // group_size]:
-                    members = range(b * group_size, (b + 1) * group_size)
-                    if b < blocks and groups and all(slots[w] is None for w in members):
-                        for w, req in zip(members, groups.popleft()):
-                            start(w, req)
-            else:
-                for w in range(n_env) if worker is None else [worker]:
-                    if slots[w] is None:
-                        assign_greedy(w)
-
-        def finish(slot: _Slot) -> None:
-            """Turn a finished slot into an :class:`Episode`."""
-            req = slot.request
-            for d in slot.decisions:
-                d.actions[~d.valid] = 0
-            success = bool(slot.info.get("success", slot.terminated))
-            ep = Episode(index=req.index, task_id=req.task_id, init_state_id=req.init_state_id,
-                         sample_index=req.sample_index, group_index=req.group_index, prompt=slot.prompt,
-                         success=success, length=slot.t, total_reward=slot.total_reward,
-                         terminated=slot.terminated, truncated=slot.truncated, decisions=slot.decisions,
-                         frames=slot.frames, attempts=req.attempts, worker_index=slot.worker, info=slot.info)
-            if req.index in results:
-                raise RuntimeError(f"episode {req.index} completed twice")  # invariant guard
-            results[req.index] = ep
-            slots[slot.worker] = None
-            stats.env_steps += ep.length
-            if bar is not None:
-                bar.update(1)
-            if self.hooks.on_episode_end is not None:
-                self.hooks.on_episode_end(self, ep)
-            fill(slot.worker)  # the next reset overlaps with this round's policy call
-
-        def send_next(slot: _Slot) -> None:
-            """Send the slot's queued action(s)."""
-            w = slot.worker
-            if c.remote_chunks:
-                acts = slot.plan[slot.cursor:slot.n_plan]
-            else:
-                acts = slot.plan[slot.cursor:slot.cursor + 1]
-            last = slot.cursor + len(acts) >= slot.n_plan
-            if c.record_video and (last or not c.remote_chunks):
-                render = "always"  # video: the final frame is needed even if the episode ends here
-            else:
-                render = "decision" if last else "none"
-            try:
-                vec.chunk_async(w, acts, render=render, record_frames=c.video_every_step)
-            except WorkerError as exc:
-                fail(w, exc)
-                return
-            slot.in_flight = True
-            if self.hooks.on_chunk_sent is not None:
-                self.hooks.on_chunk_sent(self, w, slot.request, slot.t)
-
-        def on_reply(slot: _Slot, reply: dict[str, Any]) -> None:
-            """Apply a reset or chunk reply to ``slot``."""
-            slot.in_flight = False
-            if "prompt" in reply:  # reset reply
-                slot.prompt = reply["prompt"] or ""
-                slot.obs = reply["obs"]
-                slot.info = dict(reply["info"] or {})
-                self._worker_task[slot.worker] = reply.get("task_id")
-                slot.needs_decision = True
-                if slot.frames is not None:  # initial frame
-                    slot.frames.append(upright(slot.obs["agentview_image"]))
-                return
-            k = int(reply["n"])
-            d = slot.decisions[-1]
-            d.valid[slot.cursor:slot.cursor + k] = True
-            d.rewards[slot.cursor:slot.cursor + k] = reply["rewards"]
-            slot.cursor += k
-            slot.t += k
-            slot.total_reward += float(np.sum(reply["rewards"]))
-            slot.info = dict(reply["info"] or {})
-            slot.terminated, slot.truncated = bool(reply["terminated"]), bool(reply["truncated"])
-            capped = c.max_steps is not None and slot.t >= c.max_steps
-            done = slot.terminated or slot.truncated or capped
-            if slot.frames is not None:
-                if c.video_every_step:
-                    slot.frames.extend(reply["frames"] or [])
-                elif (done or slot.cursor >= slot.n_plan) and reply["obs"] is not None \
-                        and IMAGE_KEYS[0] in reply["obs"]:
-                    slot.frames.append(upright(reply["obs"][IMAGE_KEYS[0]]))
-            if done:
-                slot.truncated = slot.truncated or (capped and not slot.terminated)
-                finish(slot)
-            elif slot.cursor < slot.n_plan:
-                send_next(slot)  # step mode: next queued action
-            else:
-                slot.obs = reply["obs"]
-                slot.needs_decision = True
-
+    # ------------------------------------------------------------------ the loop
+    def loop(self) -> dict[int, Episode]:
+        """Rounds of: schedule, receive, decide (one batched policy call), send; until every episode is done."""
+        t_start = time.perf_counter()
         try:
-            while len(results) < len(requests):
-                # 1. schedule free workers
-                fill()
-                busy = [w for w in range(n_env) if slots[w] is not None and slots[w].in_flight]
-                if not busy and not any(s is not None and s.needs_decision for s in slots):
-                    if len(results) < len(requests) and not queue and not groups:
+            while len(self.results) < self.num_requests:
+                self.fill()  # 1. free workers get the next requested episodes
+                busy = [w for w, s in enumerate(self.slots) if s is not None and s.in_flight]
+                if not busy and not any(s is not None and s.needs_decision for s in self.slots):
+                    if not self.scheduler.pending:
                         raise RuntimeError("rollout scheduler stalled")  # invariant guard
                     continue
-                # 2. barrier: one reply from every busy worker
-                for w in busy:
-                    slot = slots[w]
-                    if slot is None or not slot.in_flight:
-                        continue
-                    try:
-                        reply = vec.recv(w)
-                    except WorkerError as exc:
-                        fail(w, exc)
-                        continue
-                    on_reply(slot, reply)
-                # 3. one batched policy call for every env at a decision point
-                need = [s for s in slots if s is not None and s.needs_decision and not s.in_flight]
+                self.receive(busy)  # 2. one reply from every busy worker
+                need = [s for s in self.slots if s is not None and s.needs_decision and not s.in_flight]
                 if need:
-                    t0 = time.perf_counter()
-                    out = policy.predict_chunks([s.obs for s in need], [s.prompt for s in need])
-                    stats.policy_time += time.perf_counter() - t0
-                    if not isinstance(out, PolicyOutput):
-                        raise TypeError(f"policy must return PolicyOutput, got {type(out).__name__}")
-                    out.validate(len(need))
-                    stats.policy_calls += 1
-                    stats.batch_sizes.append(len(need))
-                    r = c.replan_steps
-                    for j, slot in enumerate(need):
-                        chunk = np.asarray(out.actions[j])
-                        n_plan = min(r, chunk.shape[0])
-                        if c.max_steps is not None:
-                            n_plan = min(n_plan, c.max_steps - slot.t)
-                        acts = np.zeros((r, chunk.shape[1]), dtype=chunk.dtype)
-                        acts[:n_plan] = chunk[:n_plan]
-                        extras = {key: val[j] for key, val in out.extras.items()}
-                        obs = slot.obs if c.store_images else {k: v for k, v in slot.obs.items() if k not in IMAGE_KEYS}
-                        slot.decisions.append(DecisionPoint(step=slot.t, obs=obs, actions=acts,
-                                                            valid=np.zeros(r, dtype=bool),
-                                                            rewards=np.zeros(r, dtype=np.float64), extras=extras))
-                        slot.plan, slot.n_plan, slot.cursor = acts, n_plan, 0
-                        slot.needs_decision = False
-                        slot.obs = None
-                    # 4. send each env its queued actions
-                    for slot in need:
-                        if slots[slot.worker] is slot:
-                            send_next(slot)
+                    self.decide(need)  # 3. one batched policy call for every env at a decision point
+                    for slot in need:  # 4. each env gets its queued actions
+                        if self.slots[slot.worker] is slot:
+                            self.send_next(slot)
         except BaseException:
-            # Leave the workers clean for the next run: no stale replies in the pipes.
-            for w in range(n_env):
-                try:
-                    vec.drain(w, timeout=min(c.step_timeout, 30.0))
-                except Exception:  # noqa: BLE001 - the original error matters more
-                    pass
+            self.drain_all()
             raise
         finally:
-            if bar is not None:
-                bar.close()
-        stats.num_episodes = len(results)
-        stats.wall_time = time.perf_counter() - t_start
-        episodes = [results[r.index] for r in sorted(requests, key=lambda r: r.index)]
-        stats.success_rate = float(np.mean([e.success for e in episodes])) if episodes else 0.0
-        self.last_stats = stats
-        return episodes
+            if self.bar is not None:
+                self.bar.close()
+        self.stats.wall_time = time.perf_counter() - t_start
+        self.stats.add_episodes(list(self.results.values()))
+        return self.results
+
+    def fill(self, worker: int | None = None) -> None:
+        """Start episodes on free workers (all, or only ``worker`` / its block)."""
+        workers = range(len(self.slots)) if worker is None else [worker]
+        for w, req in self.scheduler.assignments(workers, lambda i: self.slots[i] is None, self.runner.worker_task):
+            self.start(w, req)
+
+    def receive(self, busy: list[int]) -> None:
+        """Wait for the reply of every worker in ``busy`` and apply it to its slot."""
+        for w in busy:
+            slot = self.slots[w]
+            if slot is None or not slot.in_flight:
+                continue
+            try:
+                reply = self.vec.recv(w)
+            except WorkerError as exc:
+                self.fail(w, exc)
+                continue
+            if "prompt" in reply:  # reset reply
+                slot.on_reset(reply)
+                self.runner.worker_task[w] = reply.get("task_id")
+            elif slot.on_chunk(reply, self.c):
+                self.finish(slot)
+            elif slot.cursor < slot.n_plan:
+                self.send_next(slot)  # step mode: next queued action
+
+    def decide(self, need: list[_Slot]) -> None:
+        """ONE ``policy.predict_chunks`` call for the observations of every slot in ``need``."""
+        t0 = time.perf_counter()
+        out = self.policy.predict_chunks([s.obs for s in need], [s.prompt for s in need])
+        self.stats.policy_time += time.perf_counter() - t0
+        if not isinstance(out, PolicyOutput):
+            raise TypeError(f"policy must return PolicyOutput, got {type(out).__name__}")
+        out.validate(len(need))
+        self.stats.policy_calls += 1
+        self.stats.batch_sizes.append(len(need))
+        for j, slot in enumerate(need):
+            slot.plan_chunk(np.asarray(out.actions[j]), {key: val[j] for key, val in out.extras.items()}, self.c)
+
+    # ------------------------------------------------------------------ slot transitions
+    def start(self, worker: int, req: EpisodeRequest) -> None:
+        """Begin (or restart) ``req`` on ``worker``."""
+        c = self.c
+        req.attempts += 1
+        if req.attempts > c.max_episode_attempts:
+            err = self.last_error.get(req.index)
+            raise RolloutError(f"episode {req.key} failed {c.max_episode_attempts} times; giving up; last "
+                               f"error: {err!r}") from err
+        keys = self.vec.env_ready_info(worker).get("image_keys", ())
+        slot = self.slots[worker] = _Slot(req, worker, keys, c.record_video)
+        settle = None if c.settle_action is None else np.asarray(c.settle_action, np.float64)
+        try:
+            self.vec.reset_async(worker, task_id=req.task_id, init_state_id=req.init_state_id, render=True,
+                                 settle_steps=c.settle_steps, settle_action=settle)
+        except WorkerError as exc:
+            self.fail(worker, exc)
+            return
+        slot.in_flight = True
+
+    def send_next(self, slot: _Slot) -> None:
+        """Send the slot's queued action(s)."""
+        acts, render = slot.next_actions(self.c)
+        try:
+            self.vec.chunk_async(slot.worker, acts, render=render, record_frames=self.c.video_every_step)
+        except WorkerError as exc:
+            self.fail(slot.worker, exc)
+            return
+        slot.in_flight = True
+        if self.hooks.on_chunk_sent is not None:
+            self.hooks.on_chunk_sent(self.runner, slot.worker, slot.request, slot.t)
+
+    def finish(self, slot: _Slot) -> None:
+        """Record the finished episode and give its worker the next one."""
+        ep = slot.to_episode()
+        if ep.index in self.results:
+            raise RuntimeError(f"episode {ep.index} completed twice")  # invariant guard
+        self.results[ep.index] = ep
+        self.slots[slot.worker] = None
+        self.stats.env_steps += ep.length
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.hooks.on_episode_end is not None:
+            self.hooks.on_episode_end(self.runner, ep)
+        self.fill(slot.worker)  # the next reset overlaps with this round's policy call
+
+    def fail(self, worker: int, exc: BaseException) -> None:
+        """Respawn ``worker`` and re-run its interrupted episode from its init state."""
+        self.stats.worker_failures += 1
+        slot = self.slots[worker]
+        req = slot.request if slot is not None else None
+        self.slots[worker] = None
+        if req is not None:
+            self.last_error[req.index] = exc
+        if self.hooks.on_worker_failure is not None:
+            self.hooks.on_worker_failure(self.runner, worker, req, exc)
+        known = self.runner.worker_task[worker]
+        task = req.task_id if req is not None else known
+        self.runner.respawn(worker, {"task_id": task} if task is not None and known is not None else None,
+                            self.stats, req)
+        if req is None:
+            return
+        if self.scheduler.restart_in_place:
+            self.start(worker, req)
+        else:
+            self.scheduler.requeue(req)
+
+    def drain_all(self) -> None:
+        """After an error: leave the workers clean for the next run (no stale replies in the pipes)."""
+        for w in range(len(self.slots)):
+            try:
+                self.vec.drain(w, timeout=min(self.c.step_timeout, 30.0))
+            except Exception:  # noqa: BLE001 - the original error matters more
+                pass

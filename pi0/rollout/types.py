@@ -1,8 +1,7 @@
 """Data types of the rollout engine: the chunk-policy protocol, episode requests and records.
 
 Nothing here imports torch; everything is numpy so records can cross process boundaries cheaply.
-This is also the single home of the small constants shared by the envs and the rollout engine
-(:data:`LIBERO_WAIT_ACTION`); :func:`upright` is :func:`pi0.transforms.rotate_180`.
+Env conventions (camera keys, wait action, ``upright``) live in :mod:`pi0.envs.conventions`.
 """
 
 from __future__ import annotations
@@ -12,27 +11,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pi0.transforms import rotate_180
-
 __all__ = [
     "ChunkPolicy",
     "DecisionPoint",
     "Episode",
     "EpisodeRequest",
     "PolicyOutput",
-    "IMAGE_KEYS",
-    "LIBERO_WAIT_ACTION",
-    "upright",
+    "RunStats",
 ]
-
-IMAGE_KEYS: tuple[str, ...] = ("agentview_image", "robot0_eye_in_hand_image")
-
-# LIBERO's do-nothing action with the gripper open (-1): the settle/wait action after a reset (the
-# arena uses the same action convention). A tuple so that it is immutable and hashable (dataclass default).
-LIBERO_WAIT_ACTION: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
-
-# MuJoCo renders upside down; ``upright(img)`` turns an (H, W, C) / (B, H, W, C) camera image upright.
-upright = rotate_180
 
 
 @dataclass
@@ -178,3 +164,41 @@ class Episode:
         if not self.decisions:
             return np.zeros((0, 0))
         return np.concatenate([d.actions[d.valid] for d in self.decisions], axis=0)
+
+
+@dataclass
+class RunStats:
+    """Counters of one runner call (``RolloutRunner.last_stats``)."""
+
+    num_episodes: int = 0
+    env_steps: int = 0
+    policy_calls: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    worker_failures: int = 0
+    respawn_failures: int = 0  # respawned workers that died / failed during start-up (then retried)
+    wall_time: float = 0.0
+    policy_time: float = 0.0
+    success_rate: float = 0.0
+    mean_return: float = 0.0  # over episodes of total_reward
+    std_return: float = 0.0  # population std (ddof=0)
+    mean_length: float = 0.0
+
+    def add_episodes(self, episodes: list[Episode]) -> None:
+        """Fill the episode statistics (count, success rate, return mean/std, mean length) from ``episodes``."""
+        self.num_episodes = len(episodes)
+        if not episodes:
+            return
+        rets = np.array([e.total_reward for e in episodes], dtype=np.float64)
+        self.success_rate = float(np.mean([e.success for e in episodes]))
+        self.mean_return, self.std_return = float(rets.mean()), float(rets.std())
+        self.mean_length = float(np.mean([e.length for e in episodes]))
+
+    @property
+    def steps_per_second(self) -> float:
+        """Env steps per wall-clock second."""
+        return self.env_steps / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Mean number of observations per policy call."""
+        return float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0

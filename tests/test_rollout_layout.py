@@ -1,0 +1,92 @@
+"""The layout's small pure parts: env conventions, runner config and presets, the schedulers, import direction."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from pi0.envs import LIBERO_SUITE_TABLE, SUITE_MAX_STEPS, EnvSpec, libero_env_spec, make_env_spec
+from pi0.rollout import (
+    GreedyScheduler,
+    GroupedScheduler,
+    RandomChunkPolicy,
+    RolloutRunner,
+    RunnerConfig,
+    libero_runner_config,
+    make_requests,
+    ript_vla_runner_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_env_specs_and_suite_table():
+    assert make_env_spec("arena", task_id=2) == EnvSpec("arena-v0", {"task_id": 2, "render_on_demand": True})
+    assert libero_env_spec("libero_10", task_id=3, resolution=64) == EnvSpec(
+        "libero-10-v0", {"task_id": 3, "render_on_demand": True, "resolution": 64})
+    with pytest.raises(ValueError, match="libero_spatial, libero_object"):
+        libero_env_spec("libero_100")
+    with pytest.raises(ValueError, match="'libero' or 'arena'"):
+        make_env_spec("mujoco")
+    assert SUITE_MAX_STEPS == {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
+                               "libero_90": 400}
+    for suite, row in LIBERO_SUITE_TABLE.items():  # every suite is registered under its gym id
+        assert gym.spec(row.gym_id).kwargs == {"suite": suite}
+
+
+def test_runner_config_presets_and_validation():
+    lib = libero_runner_config()
+    assert (lib.num_envs, lib.replan_steps, lib.schedule, lib.group_size, lib.step_timeout) == (4, 5, "greedy", 1, 300.0)
+    vla = ript_vla_runner_config(num_groups=3, group_size=2)
+    assert (vla.num_envs, vla.group_size, vla.schedule) == (6, 2, "grouped")
+    assert ript_vla_runner_config().num_envs == 8 and lib.replace(num_envs=2).num_envs == 2
+    assert RunnerConfig(settle_action=[0, 1]).settle_action == (0.0, 1.0)
+    with pytest.raises(ValueError, match="schedule"):
+        RunnerConfig(schedule="random")
+    with pytest.raises(ValueError, match="in_process"):
+        RunnerConfig(in_process="gevent")
+    with pytest.raises(ValueError, match="num_envs"):
+        lib.replace(num_envs=0)
+    with pytest.raises(TypeError, match="RunnerConfig"):
+        RolloutRunner("arena-v0", RandomChunkPolicy(), {"num_envs": 2})
+
+
+def test_greedy_scheduler_prefers_the_workers_task_and_requeues_at_the_front():
+    reqs = make_requests([(0, 0), (1, 0), (0, 1), (1, 1)])
+    s = GreedyScheduler(reqs, num_workers=2, task_affinity=True)
+    got = list(s.assignments([0, 1], lambda w: True, [1, None]))
+    assert [(w, r.index) for w, r in got] == [(0, 1), (1, 0)]  # worker 0 has task 1: it skips ahead to request 1
+    s.requeue(got[0][1])
+    assert [r.index for r in s.queue] == [1, 2, 3]
+    plain = GreedyScheduler(reqs, num_workers=2, task_affinity=False)
+    assert [r.index for _, r in plain.assignments([0, 1], lambda w: True, [1, 1])] == [0, 1]
+    assert [r.index for _, r in plain.assignments([0, 1], lambda w: w == 1, [1, 1])] == [2]
+
+
+def test_grouped_scheduler_fills_whole_blocks_only():
+    reqs = make_requests([(0, 0), (1, 0), (2, 0)], group_size=2)
+    s = GroupedScheduler(reqs, num_workers=5, group_size=2)  # 2 blocks; worker 4 is never used
+    got = [(w, r.index) for w, r in s.assignments(range(5), lambda w: w != 3, [None] * 5)]
+    assert got == [(0, 0), (1, 1)]  # block 1 has a busy worker (3): it waits
+    assert [(w, r.index) for w, r in s.assignments([3], lambda w: True, [None] * 5)] == [(2, 2), (3, 3)]
+    assert s.pending and not list(s.assignments([4], lambda w: True, [None] * 5))
+    with pytest.raises(ValueError, match="num_envs >= group_size"):
+        GroupedScheduler(reqs, num_workers=1, group_size=2)
+
+
+def test_imports_flow_one_way():
+    """Nothing outside pi0/ript (and its tests) imports pi0.ript; envs never import the rollout engine."""
+    pattern = re.compile(r"^\s*(from|import) pi0\.(\w+)", re.M)
+    for path in [*ROOT.glob("*.py"), *(ROOT / "pi0").rglob("*.py"), *(ROOT / "scripts").glob("*.py"),
+                 *(ROOT / "bench").glob("*.py")]:
+        rel = path.relative_to(ROOT).as_posix()
+        used = {m.group(2) for m in pattern.finditer(path.read_text())}
+        if not rel.startswith("pi0/ript/"):
+            assert "ript" not in used, rel
+        if rel.startswith("pi0/envs/"):
+            assert not used & {"rollout", "ript", "eval"}, rel
+        if rel.startswith("pi0/rollout/"):
+            assert not used & {"ript", "eval", "modeling_pi0", "libero_policy"}, rel
