@@ -114,6 +114,8 @@ def evaluate_libero(policy: PI0Policy, cfg: EvalConfig) -> dict[str, Any]:
         key = (ep.task_id, ep.init_state_id)
         records[key] = {"task_id": ep.task_id, "trial": ep.init_state_id, "success": bool(ep.success),
                         "length": ep.length, "attempts": ep.attempts}
+        if cfg.openpi_exact:  # resets replayed to reach this trial (0 unless resumed / respawned mid-task)
+            records[key]["openpi_skipped_resets"] = int(ep.info.get("openpi_skipped_resets", 0))
         with log_path.open("a") as f:
             f.write(json.dumps(records[key]) + "\n")
         if key in keep_frames and ep.frames:
