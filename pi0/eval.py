@@ -74,8 +74,8 @@ def runner_setup(cfg: EvalConfig, first_task: int) -> tuple[EnvSpec, RunnerConfi
     spec = libero_env_spec(cfg.suite, task_id=first_task, **kwargs)
     if cfg.max_steps is not None:
         spec = spec.replace(max_steps=cfg.max_steps)
-    run_cfg = libero_runner_config(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps, record_video=cfg.num_videos > 0,
-                                   progress=True, use_subprocess=cfg.use_subprocess,
+    run_cfg = libero_runner_config(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps,
+                                   record_video=cfg.num_videos > 0, progress=True, use_subprocess=cfg.use_subprocess,
                                    schedule="task_order" if cfg.openpi_exact else "greedy")
     return spec, run_cfg
 
