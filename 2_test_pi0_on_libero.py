@@ -9,6 +9,9 @@ it exercises the whole path). Results go to <out_dir>/results.json, videos to <o
         --num_trials 50 --num_envs 4 --device cuda --debug
     # several GPUs / nodes: each rank evaluates its share of the tasks and writes <out_dir>/rank<k>/results.json
     torchrun --nproc_per_node 4 2_test_pi0_on_libero.py --checkpoint ckpts/pi0_libero --suite libero_90
+    # openpi-exact: openpi's env seeding / episode order (fixture poses as openpi's) and its bf16-rounded weights
+    MUJOCO_GL=egl .venv/bin/python 2_test_pi0_on_libero.py --checkpoint ckpts/pi0_libero --suite libero_10 \
+        --openpi_exact --openpi_bf16_params --seed 7
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 from dataclasses import dataclass, fields
 
 os.environ.setdefault("MUJOCO_GL", "egl")
+
+import torch  # noqa: E402
 
 from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
@@ -31,6 +36,7 @@ class Config(EvalConfig):
     checkpoint: str = ""  # PI0Policy directory; "" = tiny embedded default
     device: str = "cpu"
     dtype: str = ""  # "" = as saved; "float32" | "bfloat16"
+    openpi_bf16_params: bool = False  # round the weights to bf16 as unmodified openpi serving does
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -44,8 +50,14 @@ def main(argv: list[str] | None = None) -> dict:
         if not ev.task_ids:
             return {}
     overrides = {"dtype": cfg.dtype} if cfg.dtype else {}
-    policy = (PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides) if cfg.checkpoint
-              else tiny_policy().to(cfg.device))
+    if cfg.checkpoint:
+        policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device,
+                                           openpi_bf16_params=cfg.openpi_bf16_params, **overrides)
+    else:
+        policy = tiny_policy().to(cfg.device)
+        if cfg.openpi_bf16_params:
+            with torch.no_grad():
+                policy.model.round_params_(torch.bfloat16)
     results = evaluate_libero(policy, ev)
     for t, r in results["per_task"].items():
         print(f"task {t:>2}: {r['successes']:>3}/{r['episodes']:<3} = {r['success_rate']:.1%}  {r['language']}")

@@ -2,6 +2,10 @@
 
 One ``RolloutRunner`` (the shared runner core, LIBERO preset) runs every (task, trial) episode over subprocess envs
 with batched inference; ``trial`` k uses init state k of the task, as openpi's LIBERO eval does.
+
+``openpi_exact=True`` reproduces openpi's ``examples/libero/main.py`` episode for episode: one env per task, hard
+resets, ``np.random.seed(seed)`` and ``env.seed(seed)``, and the episodes of a task run in order on one worker
+(``schedule="task_order"``), so the fixture poses LIBERO draws at each reset follow openpi's sequence.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ import numpy as np
 import torch
 
 from pi0.debug import write_debug_session
-from pi0.envs.conventions import SUITE_MAX_STEPS, libero_env_spec
+from pi0.envs.conventions import SUITE_MAX_STEPS, EnvSpec, libero_env_spec
 from pi0.envs.libero_env import libero_task_info
 from pi0.libero_policy import Pi0ChunkPolicy
 from pi0.modeling_pi0 import PI0Policy
-from pi0.rollout.config import libero_runner_config
+from pi0.rollout.config import RunnerConfig, libero_runner_config
 from pi0.rollout.runner import RolloutRunner, RunnerHooks
 from pi0.rollout.types import Episode
 from pi0.utils.video import write_video
@@ -40,7 +44,8 @@ class EvalConfig:
     video_fps: float = 4.0  # frames are taken at decision points (every replan_steps env steps)
     debug: bool = False  # write a debug session for the first episode of each task
     resume: bool = False  # skip episodes already recorded in <out_dir>/episodes.jsonl (after a crash)
-    seed: int = 7  # flow-noise generator seed (openpi's LIBERO eval uses 7)
+    seed: int = 7  # flow-noise generator seed; with openpi_exact also LIBERO's (openpi's LIBERO eval uses 7)
+    openpi_exact: bool = False  # openpi's env seeding and episode order (hard resets: +6-9 s per episode)
     out_dir: str = "outputs/eval"
     use_subprocess: bool = True
     extra_env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -59,6 +64,20 @@ def check_tasks(suite: str, task_ids: list[int] | None, num_trials: int) -> list
         raise ValueError(f"num_trials={num_trials} exceeds the init states of task(s) {short} "
                          f"({[valid[t][2] for t in short]})")
     return [valid[t] for t in ids]
+
+
+def runner_setup(cfg: EvalConfig, first_task: int) -> tuple[EnvSpec, RunnerConfig]:
+    """The env spec and runner config of an evaluation (openpi-exact mode included), nothing started."""
+    kwargs = dict(cfg.extra_env_kwargs)
+    if cfg.openpi_exact:
+        kwargs.update(openpi_exact=True, seed=cfg.seed)
+    spec = libero_env_spec(cfg.suite, task_id=first_task, **kwargs)
+    if cfg.max_steps is not None:
+        spec = spec.replace(max_steps=cfg.max_steps)
+    run_cfg = libero_runner_config(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps,
+                                   record_video=cfg.num_videos > 0, progress=True, use_subprocess=cfg.use_subprocess,
+                                   schedule="task_order" if cfg.openpi_exact else "greedy")
+    return spec, run_cfg
 
 
 def _load_records(path: Path) -> dict[tuple[int, int], dict[str, Any]]:
@@ -95,6 +114,8 @@ def evaluate_libero(policy: PI0Policy, cfg: EvalConfig) -> dict[str, Any]:
         key = (ep.task_id, ep.init_state_id)
         records[key] = {"task_id": ep.task_id, "trial": ep.init_state_id, "success": bool(ep.success),
                         "length": ep.length, "attempts": ep.attempts}
+        if cfg.openpi_exact:  # resets replayed to reach this trial (0 unless resumed / respawned mid-task)
+            records[key]["openpi_skipped_resets"] = int(ep.info.get("openpi_skipped_resets", 0))
         with log_path.open("a") as f:
             f.write(json.dumps(records[key]) + "\n")
         if key in keep_frames and ep.frames:
@@ -109,11 +130,7 @@ def evaluate_libero(policy: PI0Policy, cfg: EvalConfig) -> dict[str, Any]:
         ep.decisions = []
 
     gen = torch.Generator().manual_seed(cfg.seed)
-    spec = libero_env_spec(cfg.suite, task_id=todo[0][0] if todo else tasks[0][0], **cfg.extra_env_kwargs)
-    if cfg.max_steps is not None:
-        spec = spec.replace(max_steps=cfg.max_steps)
-    run_cfg = libero_runner_config(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps, record_video=cfg.num_videos > 0,
-                                   progress=True, use_subprocess=cfg.use_subprocess)
+    spec, run_cfg = runner_setup(cfg, todo[0][0] if todo else tasks[0][0])
     runner = RolloutRunner(spec, Pi0ChunkPolicy(policy, gen), run_cfg, hooks=RunnerHooks(on_episode_end=on_episode_end))
     t0 = time.perf_counter()
     if todo:

@@ -19,6 +19,14 @@ derived from (seed, init_state_id) and restore the caller's RNG state. robosuite
 command across soft resets; we zero it as a fresh model does, so soft resets (``hard_reset=False``, 0.4 s) give the
 same trajectories as hard resets (3-13 s).
 
+openpi-exact mode (``openpi_exact=True``): the env reproduces openpi's ``examples/libero/main.py`` instead: hard
+resets, ``np.random.seed(seed)`` before the simulator is built and ``env.seed(seed)`` once, after which episode k
+(init state k) is the (k+1)-th reset drawn from that one stream, so the fixture poses follow openpi's sequence.
+The env keeps that stream to itself (swapped into numpy's global RNG around resets only; measured: steps,
+``set_init_state`` and env construction leave it untouched) and counts its resets: asking for init state k out
+of order (a resumed evaluation, a respawned worker) re-seeds and/or replays the missing hard resets first
+(``info["openpi_skipped_resets"]``), so episode k is a function of (seed, task, k) alone.
+
 Nothing here downloads anything; the simulator is imported lazily so ``import pi0.envs`` stays cheap.
 """
 
@@ -201,6 +209,7 @@ class LiberoEnv(gym.Env):
         render_on_demand: bool = False,
         render_every: int = 5,
         render_mode: str | None = None,
+        openpi_exact: bool = False,
     ) -> None:
         # --- cheap validation first: no simulator is created for bad arguments -----------------------------------
         self.task = resolve_libero_task(suite, task_id)
@@ -218,7 +227,8 @@ class LiberoEnv(gym.Env):
         self.init_state_id = int(init_state_id)
         self.seed_value = int(seed)
         self.resolution = int(resolution)
-        self.hard_reset = bool(hard_reset)
+        self.openpi_exact = bool(openpi_exact)
+        self.hard_reset = bool(hard_reset) or self.openpi_exact  # openpi's OffScreenRenderEnv resets hard
         self.num_wait_steps = int(num_wait_steps)
         self.max_steps = int(max_steps) if max_steps is not None else SUITE_MAX_STEPS[suite]
         self.render_every = int(render_every)
@@ -241,6 +251,8 @@ class LiberoEnv(gym.Env):
 
         rng_state = np.random.get_state()  # construction draws from the global numpy RNG; keep the caller's stream
         try:
+            if self.openpi_exact:  # as in openpi examples/libero/main.py: np.random.seed(seed) before any env exists
+                np.random.seed(self.seed_value)
             self._env = OffScreenRenderEnv(
                 bddl_file_name=self.task.bddl_file,
                 camera_heights=self.resolution,
@@ -257,6 +269,9 @@ class LiberoEnv(gym.Env):
         self._success = False
         self._needs_reset = True
         self._last_obs: dict[str, np.ndarray] | None = None
+        self._openpi_stream: tuple | None = None  # numpy RNG state of the openpi-exact reset stream
+        self._openpi_resets = 0  # resets drawn from that stream since env.seed(seed)
+        self._skipped_resets = 0  # resets replayed before the current episode (openpi-exact mode)
 
     # ------------------------------------------------------------------------------------------------ properties
     @property
@@ -366,7 +381,10 @@ class LiberoEnv(gym.Env):
             )
 
     def episode_seed(self, init_state_id: int) -> int:
-        """Seed of LIBERO's reset-time RNG (fixture poses) for an episode: a hash of (seed, init_state_id)."""
+        """Seed of LIBERO's reset-time RNG (fixture poses) for an episode: a hash of (seed, init_state_id);
+        in openpi-exact mode the one per-task seed."""
+        if self.openpi_exact:
+            return self.seed_value
         return int(np.random.SeedSequence([self.seed_value, int(init_state_id)]).generate_state(1)[0])
 
     def _info(self, rendered: bool) -> dict[str, Any]:
@@ -380,7 +398,40 @@ class LiberoEnv(gym.Env):
             "episode_seed": self.episode_seed(self.init_state_id),
             "policy_step": self._policy_steps,
             "rendered": rendered,
+            "openpi_exact": self.openpi_exact,
+            "openpi_skipped_resets": self._skipped_resets,
         }
+
+    def _seeded_reset(self, env: Any) -> None:
+        """Default reset: fixture poses from a seed derived from (seed, init_state_id); the caller's RNG is kept."""
+        # LIBERO's init states fix every joint, but NOT the poses of fixtures (stove, cabinet, ...): each reset draws
+        # them from the global numpy RNG. Draw them from a seed derived from (seed, init_state_id) so an episode
+        # does not depend on what ran before, and leave the caller's global RNG stream untouched.
+        rng_state = np.random.get_state()
+        try:
+            env.seed(self.episode_seed(self.init_state_id))  # LIBERO: np.random.seed
+            env.reset()
+        finally:
+            np.random.set_state(rng_state)
+        self._skipped_resets = 0
+
+    def _openpi_reset(self, env: Any) -> None:
+        """openpi-exact reset: init state k gets the (k+1)-th hard reset since ``env.seed(seed)``."""
+        k = self.init_state_id
+        caller = np.random.get_state()
+        try:
+            if self._openpi_stream is None or self._openpi_resets > k:
+                env.seed(self.seed_value)  # as in openpi examples/libero/main.py: env.seed(seed) once per task's env
+                self._openpi_resets = 0
+            else:
+                np.random.set_state(self._openpi_stream)
+            self._skipped_resets = k - self._openpi_resets
+            for _ in range(self._skipped_resets + 1):  # as in openpi: each episode starts with env.reset()
+                env.reset()
+                self._openpi_resets += 1
+            self._openpi_stream = np.random.get_state()
+        finally:
+            np.random.set_state(caller)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -396,18 +447,13 @@ class LiberoEnv(gym.Env):
             self.init_state_id = int(options["init_state_id"])
         render = bool(options.get("render", True))
         env = self.raw_env
-        if seed is not None:
+        if seed is not None and int(seed) != self.seed_value:
             self.seed_value = int(seed)
-        # LIBERO's init states fix every joint, but NOT the poses of fixtures (stove, cabinet, ...): each reset draws
-        # them from the global numpy RNG. Draw them from a seed derived from (seed, init_state_id) so an episode
-        # does not depend on what ran before, and leave the caller's global RNG stream untouched.
-        episode_seed = self.episode_seed(self.init_state_id)
-        rng_state = np.random.get_state()
-        try:
-            env.seed(episode_seed)  # LIBERO: np.random.seed
-            env.reset()
-        finally:
-            np.random.set_state(rng_state)
+            self._openpi_stream = None  # a new seed starts a new openpi-exact stream
+        if self.openpi_exact:
+            self._openpi_reset(env)
+        else:
+            self._seeded_reset(env)
         # robosuite 1.4 keeps each gripper's smoothed command (``current_action``) across soft resets, so without
         # this the first gripper actions of an episode depend on the previous episode; a fresh (hard-reset) model
         # starts from zeros.

@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["IN_PROCESS", "SCHEDULES", "RunnerConfig", "libero_runner_config", "ript_vla_runner_config"]
 
-SCHEDULES = ("greedy", "grouped")
+SCHEDULES = ("greedy", "grouped", "task_order")
 IN_PROCESS = ("serial", "thread", "asyncio")
 
 
@@ -25,7 +25,7 @@ class RunnerConfig:
     replan_steps: int = 5  # actions executed from each predicted chunk before replanning
     max_steps: int | None = None  # optional cap on policy steps per episode (the env truncates too)
     group_size: int = 1  # default K of run()
-    schedule: str = "greedy"  # "greedy" | "grouped"
+    schedule: str = "greedy"  # "greedy" | "grouped" | "task_order" (a task's episodes in order on one worker)
     settle_steps: int = 0  # extra do-nothing steps after reset (LiberoEnv already does its own wait steps)
     settle_action: tuple[float, ...] | None = None  # None: the env's declared ``wait_action``
     remote_chunks: bool = True  # execute whole chunks next to the env (1 round trip per decision)
@@ -46,7 +46,7 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         """Reject bad values with the field named (before any worker starts)."""
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be 'greedy' or 'grouped', got {self.schedule!r}")
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.in_process not in IN_PROCESS:
             raise ValueError(f"in_process must be one of {IN_PROCESS}, got {self.in_process!r}")
         if self.replan_steps < 1 or self.num_envs < 1 or self.envs_per_worker < 1 or self.group_size < 1:

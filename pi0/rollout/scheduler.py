@@ -4,6 +4,8 @@
 request's task (when switching task means re-creating the env, as with LIBERO). ``GroupedScheduler``:
 the workers form ``num_workers // K`` blocks of K; a block takes the next group only when all its
 workers are free, so the K members of a group share their init state *and* their policy batches.
+``TaskOrderScheduler``: a free worker takes a whole task and runs its episodes one after the other in
+request order, as openpi's LIBERO eval does (one env per task, sequential episodes).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 
 from pi0.rollout.types import EpisodeRequest
 
-__all__ = ["GreedyScheduler", "GroupedScheduler", "Scheduler", "make_requests", "make_scheduler"]
+__all__ = ["GreedyScheduler", "GroupedScheduler", "Scheduler", "TaskOrderScheduler", "make_requests", "make_scheduler"]
 
 
 def make_requests(init_states: Sequence[tuple[int, int]], group_size: int = 1) -> list[EpisodeRequest]:
@@ -103,12 +105,48 @@ class GroupedScheduler:
         raise RuntimeError("grouped schedule restarts interrupted episodes in place")
 
 
-Scheduler = GreedyScheduler | GroupedScheduler
+class TaskOrderScheduler:
+    """Each task's requests run on one worker, in request order; a free worker with none left takes the next task."""
+
+    restart_in_place = True  # an interrupted episode restarts on its own worker, keeping the task's order
+
+    def __init__(self, requests: Sequence[EpisodeRequest]) -> None:
+        """Split ``requests`` into per-task queues (tasks in order of first appearance)."""
+        by_task: dict[int, deque[EpisodeRequest]] = {}
+        for r in requests:
+            by_task.setdefault(r.task_id, deque()).append(r)
+        self.tasks: deque[deque[EpisodeRequest]] = deque(by_task.values())
+        self.current: dict[int, deque[EpisodeRequest]] = {}  # worker -> the rest of its task
+
+    @property
+    def pending(self) -> bool:
+        """Whether requests are still waiting for a worker."""
+        return bool(self.tasks) or any(self.current.values())
+
+    def assignments(self, workers: Sequence[int], is_free: Callable[[int], bool],
+                    worker_task: Sequence[int | None]) -> Iterator[tuple[int, EpisodeRequest]]:
+        """Yield ``(worker, request)``: the next episode of each free worker's task, or the first of a new task."""
+        for w in workers:
+            if not is_free(w):
+                continue
+            if not self.current.get(w) and self.tasks:
+                self.current[w] = self.tasks.popleft()
+            if self.current.get(w):
+                yield w, self.current[w].popleft()
+
+    def requeue(self, req: EpisodeRequest) -> None:  # pragma: no cover - restarts in place
+        """Not used: an interrupted episode restarts on its own worker."""
+        raise RuntimeError("task_order schedule restarts interrupted episodes in place")
+
+
+Scheduler = GreedyScheduler | GroupedScheduler | TaskOrderScheduler
 
 
 def make_scheduler(schedule: str, requests: Sequence[EpisodeRequest], num_workers: int, group_size: int,
                    task_affinity: bool) -> Scheduler:
-    """The scheduler named by ``schedule`` ("greedy" | "grouped")."""
+    """The scheduler named by ``schedule`` ("greedy" | "grouped" | "task_order")."""
     if schedule == "grouped":
         return GroupedScheduler(requests, num_workers, group_size)
+    if schedule == "task_order":
+        return TaskOrderScheduler(requests)
     return GreedyScheduler(requests, num_workers, task_affinity)
