@@ -363,7 +363,9 @@ DELTA_ACTION_HELP = (
 
 def resolve_delta_action_dims(ns_path: Path, delta_action_dims: int | None) -> int:
     """The delta-action count: given explicitly, or known from the norm stats' asset id; otherwise refuse."""
-    asset_id = "/".join(ns_path.resolve().parent.parts[-2:])
+    parts = ns_path.resolve().parent.parts
+    # openpi: <ckpt>/assets/<asset_id>/norm_stats.json, where asset_id may contain "/" (physical-intelligence/libero)
+    asset_id = "/".join(parts[len(parts) - parts[::-1].index("assets"):] if "assets" in parts else parts[-2:])
     if delta_action_dims is not None:
         if delta_action_dims < 0:
             raise ValueError(f"--delta_action_dims must be >= 0, got {delta_action_dims}. {DELTA_ACTION_HELP}")

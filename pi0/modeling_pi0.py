@@ -467,23 +467,23 @@ class PI0Policy(nn.Module):
         """A randomly initialised policy (the embedded default / tests): N(0, std) weights, noisy norms.
 
         Built on meta and allocated once in the final dtypes; each tensor is drawn in float32 (tensors over
-        2**24 elements in 2**24-element slices) and cast in place, so a bf16 config never holds a float32 model.
+        2**22 elements in 2**22-element slices) and cast in place, so a bf16 config never holds a float32 model.
         """
         gen = torch.Generator().manual_seed(seed)
         with torch.device("meta"):
             model = PI0Model(config.model)
         model.to_empty(device="cpu")
-        chunk = 1 << 24
+        chunk = 1 << 22
         with torch.no_grad():
             for p in model.parameters():
                 scale = std if p.ndim > 1 else 0.1
                 if p.numel() <= chunk:
-                    p.copy_(torch.randn(p.shape, generator=gen) * scale)
+                    p.copy_(torch.randn(p.shape, generator=gen).mul_(scale))
                     continue
                 flat = p.view(-1)
                 for i in range(0, flat.numel(), chunk):
                     n = min(chunk, flat.numel() - i)
-                    flat[i:i + n].copy_(torch.randn(n, generator=gen) * scale)
+                    flat[i:i + n].copy_(torch.randn(n, generator=gen).mul_(scale))
         return cls(config, norm_stats, tokenizer, model).eval()
 
 
