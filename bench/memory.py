@@ -4,8 +4,9 @@
     python bench/memory.py --dtypes bfloat16 float32 --steps write convert load sample random_init
     python bench/memory.py --config ci --json out.json       # ~300 MB config (what tests/test_memory.py runs)
     python bench/memory.py --code /path/to/other/checkout    # the same steps on another version of `pi0`
+    python bench/memory.py --stored_dtype float32 --steps write convert   # openpi tree stored in float32
 
-Writes openpi's params tree as zeros (bf16 orbax: a few hundred KB on disk), converts it with the real
+Writes openpi's params tree as zeros (orbax: a few hundred KB on disk), converts it with the real
 converter, loads it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds
 ``random_init`` of the bf16 config. Each step runs in its own process and reports its peak RSS (VmHWM of
 its own address space) and the RSS right after imports; a watchdog kills a step above ``--limit_gb``.
@@ -45,7 +46,7 @@ def ci_config():
 
 
 # ---------------------------------------------------------------------------------------------- steps (child side)
-def step(name: str, work: Path, dtype: str, config: str) -> dict:
+def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
     """Run one step in this (fresh) process; returns its measurements."""
     import torch
 
@@ -55,12 +56,12 @@ def step(name: str, work: Path, dtype: str, config: str) -> dict:
     from pi0.modeling_pi0 import PI0Policy, PolicyConfig, default_norm_stats
 
     cfg = Pi0Config() if config == "full" else ci_config()
-    ckpt, out = work / "openpi_ckpt", work / f"converted_{dtype}"
+    ckpt, out = work / f"openpi_ckpt_{stored}", work / f"converted_{dtype}"
     base, t0, info = vm_status("VmRSS"), time.perf_counter(), {}
     if name == "write":
         from pi0.openpi_zero import openpi_param_shapes, write_zero_checkpoint
 
-        write_zero_checkpoint(openpi_param_shapes(cfg), ckpt, dtype="bfloat16")
+        write_zero_checkpoint(openpi_param_shapes(cfg), ckpt, dtype=stored)
     elif name == "convert":
         from pi0.conversion import convert_checkpoint
 
@@ -98,7 +99,7 @@ def run_step(name: str, args: argparse.Namespace, dtype: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.code if name != "write" else str(REPO),
                                                       os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--_step", name, "--work", str(args.work), "--config", args.config,
-           "--dtypes", dtype]
+           "--dtypes", dtype, "--stored_dtype", args.stored_dtype]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     ps, polled, t0 = psutil.Process(proc.pid), 0, time.perf_counter()
     while proc.poll() is None:
@@ -124,6 +125,8 @@ def main() -> None:
     p.add_argument("--config", default="full", choices=["full", "ci"])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
     p.add_argument("--steps", nargs="+", default=["write", "convert", "load", "sample", "random_init"])
+    p.add_argument("--stored_dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="dtype of the zero openpi tree (openpi's released params are float32 on disk)")
     p.add_argument("--work", type=Path, default=Path("/tmp/pi0_memory"))
     p.add_argument("--limit_gb", type=float, default=16.0, help="kill a step whose RSS exceeds this")
     p.add_argument("--code", default=str(REPO), help="checkout whose `pi0` the convert/load/sample steps use")
@@ -132,7 +135,7 @@ def main() -> None:
     p.add_argument("--_step", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._step:
-        print(json.dumps(step(args._step, args.work, args.dtypes[0], args.config)))
+        print(json.dumps(step(args._step, args.work, args.dtypes[0], args.config, args.stored_dtype)))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -96,8 +96,12 @@ class OrbaxParams:
         """Bytes of one leaf in its stored dtype."""
         return math.prod(self.shapes[key]) * self.dtypes[key].itemsize
 
-    def read(self, keys: list[str]) -> Flat:
-        """Restore only ``keys`` (orbax partial restore) as numpy arrays in their stored dtype."""
+    def read(self, keys: list[str], dtypes: dict[str, Any] | None = None) -> Flat:
+        """Restore only ``keys`` (orbax partial restore) as numpy arrays, in their stored dtype or ``dtypes[key]``.
+
+        A cast in ``dtypes`` happens inside tensorstore while reading (float32 -> bfloat16 rounds to nearest
+        even, bit-identical to torch's cast), so a float32 leaf never needs a float32 buffer of its own.
+        """
         item: dict[str, Any] = {}
         args: dict[str, Any] = {}
         for key in keys:
@@ -105,7 +109,7 @@ class OrbaxParams:
             for part in path[:-1]:
                 node_i, node_a = node_i.setdefault(part, {}), node_a.setdefault(part, {})
             node_i[path[-1]] = 0
-            node_a[path[-1]] = self._ocp.RestoreArgs(restore_type=np.ndarray)
+            node_a[path[-1]] = self._ocp.RestoreArgs(restore_type=np.ndarray, dtype=(dtypes or {}).get(key))
         restored = self._ckptr.restore(str(self.path), args=self._ocp.args.PyTreeRestore(
             item=item, restore_args=args, partial_restore=True))
         out: Flat = {}
@@ -309,12 +313,12 @@ def cast_for_storage(arr: np.ndarray, dtype: torch.dtype) -> np.ndarray | torch.
     return f32 if dtype == torch.float32 else torch.from_numpy(f32).to(torch.bfloat16)
 
 
-def _leaf_groups(src: OrbaxParams, keys: list[str], budget: int) -> list[list[str]]:
-    """Consecutive leaves grouped up to ``budget`` bytes (a larger leaf is a group of its own)."""
+def _leaf_groups(src: OrbaxParams, keys: list[str], budget: int, itemsize: dict[str, int]) -> list[list[str]]:
+    """Consecutive leaves grouped up to ``budget`` bytes as read (a larger leaf is a group of its own)."""
     groups: list[list[str]] = []
     size = budget
     for key in keys:
-        n = src.nbytes(key)
+        n = math.prod(src.shapes[key]) * itemsize[key]
         if size + n > budget:
             groups.append([])
             size = 0
@@ -329,11 +333,17 @@ def stream_convert(src: OrbaxParams, plan: Plan, cfg: Pi0Config, out_file: Path,
     from pi0.checkpoint_io import SafetensorsWriter
     from pi0.modeling_pi0 import param_storage_dtype
 
+    import ml_dtypes
+
     specs = {f"model.{t}": (param_storage_dtype(t, cfg.dtype), shape) for outs in plan.values() for t, shape in outs}
+    # Leaves whose every output is stored in bf16 are read as bf16 (cast by tensorstore while reading).
+    to_bf16 = {k: ml_dtypes.bfloat16 for k, outs in plan.items() if src.dtypes[k].name != "bfloat16"
+               and outs and all(specs[f"model.{t}"][0] == torch.bfloat16 for t, _ in outs)}
+    itemsize = {k: 2 if k in to_bf16 else src.dtypes[k].itemsize for k in plan}
     rules = key_rules(cfg)
     with SafetensorsWriter(out_file, specs) as writer:
-        for group in _leaf_groups(src, list(plan), group_bytes):
-            leaves = src.read(group)
+        for group in _leaf_groups(src, list(plan), group_bytes, itemsize):
+            leaves = src.read(group, {k: to_bf16[k] for k in group if k in to_bf16})
             for key in group:
                 for tkey, t in rules[key](leaves.pop(key)):
                     writer.write(f"model.{tkey}", cast_for_storage(t, specs[f"model.{tkey}"][0]))
