@@ -154,9 +154,11 @@ class SafetensorsWriter:
         self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> "SafetensorsWriter":
+        """Context manager: ``close()`` on success, ``abort()`` on an exception."""
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """Finish or drop the file."""
         if exc_type is None:
             self.close()
         else:

@@ -83,6 +83,9 @@ class OrbaxParams:
                 return
             keys = path[1:] if path[:1] == ("params",) else path
             key = "/".join(keys).removesuffix("/value")
+            if getattr(node, "shape", None) is None:
+                raise ValueError(f"{params_dir}: leaf {key!r} is not an array ({type(node).__name__}); "
+                                 f"is this openpi's <ckpt>/params?")
             self.paths[key], self.shapes[key] = path, tuple(node.shape)
             self.dtypes[key] = np.dtype(node.dtype)
 

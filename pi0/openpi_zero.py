@@ -21,6 +21,8 @@ Shapes = dict[str, tuple[int, ...]]
 
 def openpi_param_shapes(cfg: Pi0Config) -> Shapes:
     """openpi leaf name -> shape for ``cfg`` (layers stacked on axis 0, as openpi's scanned modules store them)."""
+    # as in openpi gemma.py (Einsum weights q (N,D,H), kv (2,K,D,H), attn_vec (N,H,D), gating (2,D,F)) and
+    # big_vision vit.py (flax Dense kernels (in, out), MultiHeadDotProductAttention (W,N,H) / (N,H,W)), nnx-scanned.
     v, img, blk = cfg.vision, "PaliGemma/img/", "PaliGemma/img/Transformer/encoderblock/"
     W, L, M, N, H = v.width, v.depth, v.mlp_dim, v.num_heads, v.width // v.num_heads
     D = cfg.paligemma.width
