@@ -158,7 +158,8 @@ def main() -> None:
                      f"net {(r['peak_rss'] - r['base_rss']) / GIB:6.2f} GiB" +
                      (f"  peak/ckpt {r['peak_rss'] / size:.2f}  (peak-ckpt) {(r['peak_rss'] - size) / GIB:+.2f} GiB"
                       if size else ""))
-            print(f"{name:12s} {dtype:9s} peak {r['peak_rss'] / GIB:6.2f} GiB  {extra}  "
+            label = f"stored {args.stored_dtype}" if name == "write" else f"{'bfloat16' if name == 'sample' else dtype}"
+            print(f"{name:12s} {label:15s} peak {r['peak_rss'] / GIB:6.2f} GiB  {extra}  "
                   f"ckpt {size / GIB if size else 0:5.2f} GiB  {r['seconds']:7.1f} s"
                   + (f"  (sample_actions {r['sample_actions_s']} s)" if "sample_actions_s" in r else ""), flush=True)
     if args.json:

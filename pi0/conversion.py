@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from pi0.checkpoint_io import SafetensorsWriter
 from pi0.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, Pi0Config, SiglipConfig
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,6 @@ class OrbaxParams:
     def shape_view(self) -> Flat:
         """{key: zero-stride array of the leaf's shape}: what ``infer_config`` / the key rules need, ~0 bytes."""
         return {k: np.broadcast_to(np.zeros((), self.dtypes[k]), s) for k, s in self.shapes.items()}
-
-    def nbytes(self, key: str) -> int:
-        """Bytes of one leaf in its stored dtype."""
-        return math.prod(self.shapes[key]) * self.dtypes[key].itemsize
 
     def read(self, keys: list[str], dtypes: dict[str, Any] | None = None) -> Flat:
         """Restore only ``keys`` (orbax partial restore) as numpy arrays, in their stored dtype or ``dtypes[key]``.
@@ -333,10 +330,9 @@ def _leaf_groups(src: OrbaxParams, keys: list[str], budget: int, itemsize: dict[
 def stream_convert(src: OrbaxParams, plan: Plan, cfg: Pi0Config, out_file: Path,
                    group_bytes: int = 256 << 20) -> None:
     """Restore leaf groups, map, cast and write each tensor into ``out_file`` (model.safetensors) in turn."""
-    from pi0.checkpoint_io import SafetensorsWriter
-    from pi0.modeling_pi0 import param_storage_dtype
-
     import ml_dtypes
+
+    from pi0.modeling_pi0 import param_storage_dtype  # local import: avoid a cycle
 
     specs = {f"model.{t}": (param_storage_dtype(t, cfg.dtype), shape) for outs in plan.values() for t, shape in outs}
     # Leaves whose every output is stored in bf16 are read as bf16 (cast by tensorstore while reading).
