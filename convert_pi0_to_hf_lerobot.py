@@ -1,6 +1,8 @@
 r"""Convert an openpi JAX pi0 checkpoint into a PyTorch ``PI0Policy`` directory (safetensors).
 
-Adds: exact weight conversion. The config is inferred from parameter shapes; flags may override it.
+Adds: exact weight conversion, streamed (leaf groups restored from orbax, each tensor mapped, cast and written
+at once: peak memory about the output size, a full-size pi0 converts on a 16 GB machine). The config is inferred
+from parameter shapes; flags may override it.
 
     pip install -e '.[convert]'      # CPU jax + orbax-checkpoint, only needed here
     python convert_pi0_to_hf_lerobot.py --checkpoint_dir <openpi ckpt>/params --output_path ckpts/pi0_libero \
@@ -33,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--action_horizon", type=int, default=None, help="override (not inferable from shapes)")
     p.add_argument("--max_token_len", type=int, default=None, help="override (default 48)")
     p.add_argument("--delta_action_dims", type=int, default=None,
-                   help="leading action dims that are deltas (default: 6 for the LIBERO asset, else 0)")
+                   help="leading action dims predicted as deltas to the state (6 for openpi's LIBERO asset, "
+                        "found automatically; required for any other asset: 0 = absolute, e.g. DROID)")
     return p.parse_args(argv)
 
 

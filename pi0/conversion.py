@@ -1,13 +1,16 @@
 """openpi JAX checkpoint (orbax params) -> PyTorch ``PI0Policy`` directory, with a strict key map.
 
-The key map is a pure function of numpy arrays (``convert_params``); reading orbax needs the optional
-``convert`` extra (CPU JAX + orbax-checkpoint) and happens only in ``read_orbax_params``.
+The key map is a pure function of numpy arrays (``convert_params``). ``convert_checkpoint`` streams:
+it reads only the orbax metadata to infer the config and check every key and shape (``plan_conversion``),
+writes the safetensors header, then restores a few leaves at a time (orbax partial restore), maps, splits
+the stacked layers, casts and writes each tensor, so peak memory is about one leaf group, not the model.
+Reading orbax needs the optional ``convert`` extra (CPU JAX + orbax-checkpoint).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
+import json
 import logging
 import math
 import shutil
@@ -18,6 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from pi0.checkpoint_io import SafetensorsWriter
 from pi0.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, Pi0Config, SiglipConfig
 
 log = logging.getLogger(__name__)
@@ -42,8 +46,8 @@ def flatten_tree(tree: dict[str, Any], prefix: str = "") -> Flat:
     return out
 
 
-def read_orbax_params(params_dir: str | Path) -> Flat:
-    """Read openpi's ``<ckpt>/params`` orbax PyTree -> flat {openpi key: float32/bf16 array}."""
+def _resolve_params_dir(params_dir: str | Path) -> Path:
+    """openpi's ``<ckpt>/params`` (or ``<ckpt>``) -> the orbax directory holding _METADATA."""
     params_dir = Path(params_dir)
     if not params_dir.is_dir():
         raise FileNotFoundError(f"openpi params directory {params_dir} does not exist (pass <ckpt>/params)")
@@ -51,14 +55,76 @@ def read_orbax_params(params_dir: str | Path) -> Flat:
         params_dir = params_dir / "params"
     if not (params_dir / "_METADATA").exists():
         raise FileNotFoundError(f"{params_dir} is not an orbax checkpoint (no _METADATA); pass <ckpt>/params")
-    try:
-        import orbax.checkpoint as ocp
-    except ImportError as e:
-        raise ImportError("reading openpi checkpoints needs the optional extra: pip install -e '.[convert]' "
-                          "(CPU jax + orbax-checkpoint)") from e
-    tree = ocp.PyTreeCheckpointer().restore(str(params_dir.resolve()))
-    tree = tree.get("params", tree)
-    return flatten_tree(tree)
+    return params_dir.resolve()
+
+
+class OrbaxParams:
+    """Lazy view of openpi's params checkpoint: shapes/dtypes from metadata, arrays restored on demand."""
+
+    def __init__(self, params_dir: str | Path):
+        params_dir = _resolve_params_dir(params_dir)
+        try:
+            import orbax.checkpoint as ocp
+        except ImportError as e:
+            raise ImportError("reading openpi checkpoints needs the optional extra: pip install -e '.[convert]' "
+                              "(CPU jax + orbax-checkpoint)") from e
+        self._ocp, self.path = ocp, params_dir
+        self._ckptr = ocp.PyTreeCheckpointer()
+        meta = self._ckptr.metadata(str(params_dir))
+        tree = getattr(meta, "item_metadata", meta)
+        tree = getattr(tree, "tree", tree)
+        self.paths: dict[str, tuple[str, ...]] = {}  # flat openpi key -> path in the saved tree
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+
+        def walk(node: Any, path: tuple[str, ...]) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    walk(v, path + (k,))
+                return
+            keys = path[1:] if path[:1] == ("params",) else path
+            key = "/".join(keys).removesuffix("/value")
+            if getattr(node, "shape", None) is None:
+                raise ValueError(f"{params_dir}: leaf {key!r} is not an array ({type(node).__name__}); "
+                                 f"is this openpi's <ckpt>/params?")
+            self.paths[key], self.shapes[key] = path, tuple(node.shape)
+            self.dtypes[key] = np.dtype(node.dtype)
+
+        walk(tree, ())
+
+    def shape_view(self) -> Flat:
+        """{key: zero-stride array of the leaf's shape}: what ``infer_config`` / the key rules need, ~0 bytes."""
+        return {k: np.broadcast_to(np.zeros((), self.dtypes[k]), s) for k, s in self.shapes.items()}
+
+    def read(self, keys: list[str], dtypes: dict[str, Any] | None = None) -> Flat:
+        """Restore only ``keys`` (orbax partial restore) as numpy arrays, in their stored dtype or ``dtypes[key]``.
+
+        A cast in ``dtypes`` happens inside tensorstore while reading (float32 -> bfloat16 rounds to nearest
+        even, bit-identical to torch's cast), so a float32 leaf never needs a float32 buffer of its own.
+        """
+        item: dict[str, Any] = {}
+        args: dict[str, Any] = {}
+        for key in keys:
+            node_i, node_a, path = item, args, self.paths[key]
+            for part in path[:-1]:
+                node_i, node_a = node_i.setdefault(part, {}), node_a.setdefault(part, {})
+            node_i[path[-1]] = 0
+            node_a[path[-1]] = self._ocp.RestoreArgs(restore_type=np.ndarray, dtype=(dtypes or {}).get(key))
+        restored = self._ckptr.restore(str(self.path), args=self._ocp.args.PyTreeRestore(
+            item=item, restore_args=args, partial_restore=True))
+        out: Flat = {}
+        for key in keys:
+            node = restored
+            for part in self.paths[key]:
+                node = node[part]
+            out[key] = np.asarray(node)
+        return out
+
+
+def read_orbax_params(params_dir: str | Path) -> Flat:
+    """Read openpi's whole ``<ckpt>/params`` orbax PyTree -> flat {openpi key: float32/bf16 array}."""
+    src = OrbaxParams(params_dir)
+    return src.read(list(src.shapes))
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -191,8 +257,11 @@ def key_rules(cfg: Pi0Config) -> dict[str, Callable[[np.ndarray], Iterator[tuple
     return rules
 
 
-def convert_params(flat: Flat, cfg: Pi0Config, expected: dict[str, tuple[int, ...]] | None = None) -> Flat:
-    """openpi flat params -> torch state dict (keys of ``PI0Model``), strictly.
+Plan = dict[str, list[tuple[str, tuple[int, ...]]]]
+
+
+def plan_conversion(flat: Flat, cfg: Pi0Config, expected: dict[str, tuple[int, ...]] | None = None) -> Plan:
+    """openpi key -> [(torch key, shape)] from shapes alone (zero-stride arrays are fine), checked strictly.
 
     An openpi key with no rule, a torch key produced twice, a torch key of ``expected`` left unset,
     or a shape that differs from ``expected`` raises ValueError naming the key.
@@ -202,23 +271,82 @@ def convert_params(flat: Flat, cfg: Pi0Config, expected: dict[str, tuple[int, ..
     if unknown:
         raise ValueError(f"unknown openpi parameter(s) {unknown[:10]} (total {len(unknown)}): this converter "
                          f"handles pi0 checkpoints; is this another model (pi0-FAST, pi05)?")
-    out: Flat = {}
+    plan: Plan = {}
+    seen: dict[str, tuple[int, ...]] = {}
     for key, arr in flat.items():
+        plan[key] = []
         for tkey, t in rules[key](np.asarray(arr)):
-            if tkey in out:
+            if tkey in seen:
                 raise ValueError(f"torch key {tkey} produced twice (second time from {key})")
-            out[tkey] = np.ascontiguousarray(t)
+            seen[tkey] = tuple(t.shape)
+            plan[key].append((tkey, tuple(t.shape)))
     if expected is not None:
-        unused = sorted(set(expected) - set(out))
-        extra = sorted(set(out) - set(expected))
+        unused = sorted(set(expected) - set(seen))
+        extra = sorted(set(seen) - set(expected))
         if unused or extra:
             raise ValueError(f"checkpoint/model mismatch: model keys never set {unused[:10]}; "
                              f"converted keys the model lacks {extra[:10]}")
         for k, shape in expected.items():
-            if tuple(out[k].shape) != tuple(shape):
-                raise ValueError(f"shape mismatch for {k}: converted {tuple(out[k].shape)} vs model {tuple(shape)} "
+            if seen[k] != tuple(shape):
+                raise ValueError(f"shape mismatch for {k}: converted {seen[k]} vs model {tuple(shape)} "
                                  f"(does the config match the checkpoint? drop variant overrides to infer it)")
-    return out
+    return plan
+
+
+def convert_params(flat: Flat, cfg: Pi0Config, expected: dict[str, tuple[int, ...]] | None = None) -> Flat:
+    """openpi flat params -> torch state dict (keys of ``PI0Model``), strictly (see ``plan_conversion``)."""
+    plan_conversion({k: np.broadcast_to(np.zeros((), np.float32), np.shape(v)) for k, v in flat.items()},
+                    cfg, expected)
+    rules = key_rules(cfg)
+    return {tkey: np.ascontiguousarray(t) for key, arr in flat.items() for tkey, t in rules[key](np.asarray(arr))}
+
+
+def cast_for_storage(arr: np.ndarray, dtype: torch.dtype) -> np.ndarray | torch.Tensor:
+    """One converted tensor (float32/bf16/other numpy) -> contiguous data in the storage dtype (f32 or bf16).
+
+    bf16 -> bf16 is a byte copy; anything else goes through float32 and torch's round-to-nearest-even cast,
+    exactly what loading into a float32 model and saving as bf16 gives.
+    """
+    if dtype == torch.bfloat16 and arr.dtype.name == "bfloat16":
+        return np.ascontiguousarray(arr)
+    f32 = np.ascontiguousarray(arr, dtype=np.float32)
+    return f32 if dtype == torch.float32 else torch.from_numpy(f32).to(torch.bfloat16)
+
+
+def _leaf_groups(src: OrbaxParams, keys: list[str], budget: int, itemsize: dict[str, int]) -> list[list[str]]:
+    """Consecutive leaves grouped up to ``budget`` bytes as read (a larger leaf is a group of its own)."""
+    groups: list[list[str]] = []
+    size = budget
+    for key in keys:
+        n = math.prod(src.shapes[key]) * itemsize[key]
+        if size + n > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += n
+    return groups
+
+
+def stream_convert(src: OrbaxParams, plan: Plan, cfg: Pi0Config, out_file: Path,
+                   group_bytes: int = 256 << 20) -> None:
+    """Restore leaf groups, map, cast and write each tensor into ``out_file`` (model.safetensors) in turn."""
+    import ml_dtypes
+
+    from pi0.modeling_pi0 import param_storage_dtype  # local import: avoid a cycle
+
+    specs = {f"model.{t}": (param_storage_dtype(t, cfg.dtype), shape) for outs in plan.values() for t, shape in outs}
+    # Leaves whose every output is stored in bf16 are read as bf16 (cast by tensorstore while reading).
+    to_bf16 = {k: ml_dtypes.bfloat16 for k, outs in plan.items() if src.dtypes[k].name != "bfloat16"
+               and outs and all(specs[f"model.{t}"][0] == torch.bfloat16 for t, _ in outs)}
+    itemsize = {k: 2 if k in to_bf16 else src.dtypes[k].itemsize for k in plan}
+    rules = key_rules(cfg)
+    with SafetensorsWriter(out_file, specs) as writer:
+        for group in _leaf_groups(src, list(plan), group_bytes, itemsize):
+            leaves = src.read(group, {k: to_bf16[k] for k in group if k in to_bf16})
+            for key in group:
+                for tkey, t in rules[key](leaves.pop(key)):
+                    writer.write(f"model.{tkey}", cast_for_storage(t, specs[f"model.{tkey}"][0]))
+                    del t
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -232,14 +360,39 @@ def find_norm_stats(params_dir: Path) -> Path | None:
 
 # Asset ids whose openpi data config predicts delta actions for the leading dims (AbsoluteActions on output).
 DELTA_ACTION_DIMS_BY_ASSET = {"physical-intelligence/libero": 6}
+DELTA_ACTION_HELP = (
+    "--delta_action_dims N says that the model predicts the first N action dims as deltas relative to the current "
+    "state and the policy adds the state back (openpi's AbsoluteActions output transform); 0 means absolute actions. "
+    "openpi's configs: pi0_libero (LeRobotLiberoDataConfig(extra_delta_transform=True), mask make_bool_mask(6, -1)) "
+    "-> 6; pi0_droid / pi0_fast_droid (DroidInputs/DroidOutputs, no delta transform) -> 0 (absolute); pi0_aloha "
+    "(use_delta_joint_actions=True, mask make_bool_mask(6, -1, 6, -1): both arms' 6 joints delta, both grippers "
+    "absolute) is not a leading block, so it cannot be expressed by N. A wrong value silently ruins every rollout "
+    "(on LIBERO, N=0 instead of 6 drops success to near zero).")
+
+
+def resolve_delta_action_dims(ns_path: Path, delta_action_dims: int | None) -> int:
+    """The delta-action count: given explicitly, or known from the norm stats' asset id; otherwise refuse."""
+    parts = ns_path.resolve().parent.parts
+    # openpi: <ckpt>/assets/<asset_id>/norm_stats.json, where asset_id may contain "/" (physical-intelligence/libero)
+    asset_id = "/".join(parts[len(parts) - parts[::-1].index("assets"):] if "assets" in parts else parts[-2:])
+    if delta_action_dims is not None:
+        if delta_action_dims < 0:
+            raise ValueError(f"--delta_action_dims must be >= 0, got {delta_action_dims}. {DELTA_ACTION_HELP}")
+        return delta_action_dims
+    if asset_id in DELTA_ACTION_DIMS_BY_ASSET:
+        n = DELTA_ACTION_DIMS_BY_ASSET[asset_id]
+        log.info("asset %s: the policy predicts deltas on the first %d action dims", asset_id, n)
+        return n
+    raise ValueError(f"norm stats {ns_path} belong to asset id {asset_id!r}, for which this converter does not know "
+                     f"whether actions are deltas; pass --delta_action_dims N. {DELTA_ACTION_HELP}")
 
 
 def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm_stats: str | Path | None = None,
                        tokenizer: str | Path | None = None, dtype: str = "float32",
                        delta_action_dims: int | None = None, **config_overrides: Any) -> Path:
-    """Convert ``<ckpt>/params`` into a ``PI0Policy`` directory; every input is checked before heavy work."""
+    """Convert ``<ckpt>/params`` into a ``PI0Policy`` directory, streaming; every input is checked first."""
     from pi0.modeling_pi0 import PI0Model, PI0Policy, PolicyConfig  # local import: avoid a cycle
-    from pi0.normalize import load_norm_stats
+    from pi0.normalize import load_norm_stats, save_norm_stats
     from pi0.tokenizer import PaligemmaTokenizer, build_tokenizer_model
 
     params_dir = Path(checkpoint_dir)
@@ -255,27 +408,13 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
     stats = load_norm_stats(ns_path)
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise FileNotFoundError(f"--tokenizer {tokenizer} does not exist")
-    if delta_action_dims is None:
-        asset_id = "/".join(ns_path.resolve().parent.parts[-2:])
-        if asset_id in DELTA_ACTION_DIMS_BY_ASSET:
-            delta_action_dims = DELTA_ACTION_DIMS_BY_ASSET[asset_id]
-            log.info("asset %s: the policy predicts deltas on the first %d action dims", asset_id, delta_action_dims)
-        else:
-            delta_action_dims = 0
-            log.warning("norm stats of unknown asset id %r: assuming ABSOLUTE actions (delta_action_dims=0); pass "
-                        "--delta_action_dims 6 for a pi0_libero-style checkpoint", asset_id)
-    flat = read_orbax_params(params_dir)
-    cfg = infer_config(flat, dtype=dtype, **config_overrides)
+    delta_action_dims = resolve_delta_action_dims(ns_path, delta_action_dims)
+    src = OrbaxParams(params_dir)  # metadata only
+    cfg = infer_config(src.shape_view(), dtype=dtype, **config_overrides)
     log.info("inferred config: %s", cfg)
     with torch.device("meta"):
         model = PI0Model(cfg)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = convert_params(flat, cfg, expected)
-    model = model.to_empty(device="cpu")
-    with torch.no_grad():
-        for k, t in model.state_dict().items():
-            t.copy_(torch.from_numpy(np.array(state[k], dtype=np.float32)))
-    model = model.float()
+    plan = plan_conversion(src.shape_view(), cfg, {k: tuple(v.shape) for k, v in model.state_dict().items()})
     # Write into a sibling temp dir and rename at the end: a failed conversion leaves no partial output.
     output_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", dir=output_path.parent))
@@ -284,9 +423,13 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
             log.warning("no --tokenizer given: writing a small offline stand-in tokenizer; pass PaliGemma's "
                         "sentencepiece model for real checkpoints")
             tokenizer = build_tokenizer_model(tmp_out / "tokenizer.model")
-        pol_cfg = PolicyConfig(model=dataclasses.replace(cfg, dtype="float32"), delta_action_dims=delta_action_dims)
-        policy = PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tokenizer, cfg.max_token_len), model)
-        policy.save_pretrained(tmp_out, dtype=dtype)
+        else:
+            shutil.copyfile(tokenizer, tmp_out / "tokenizer.model")
+        pol_cfg = PolicyConfig(model=cfg, delta_action_dims=delta_action_dims)
+        PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tmp_out / "tokenizer.model", cfg.max_token_len), model)  # checks
+        stream_convert(src, plan, cfg, tmp_out / "model.safetensors")
+        (tmp_out / "config.json").write_text(json.dumps(pol_cfg.to_dict(), indent=2))
+        save_norm_stats(stats, tmp_out / "norm_stats.json")
         if output_path.exists():
             shutil.rmtree(output_path)
         tmp_out.chmod(0o755)

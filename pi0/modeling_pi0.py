@@ -42,6 +42,11 @@ def _is_fp32_param(name: str) -> bool:
             or name.startswith(_FP32_HEADS))
 
 
+def param_storage_dtype(name: str, dtype: str) -> torch.dtype:
+    """Storage dtype of parameter ``name`` under precision ``dtype`` ("float32" or openpi's "bfloat16" mix)."""
+    return torch.float32 if dtype == "float32" or _is_fp32_param(name) else torch.bfloat16
+
+
 class PI0Model(nn.Module):
     """The pi0 network: prefix (images + language) through PaliGemma, suffix (state + actions) through the expert."""
 
@@ -394,18 +399,20 @@ class PI0Policy(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save_pretrained(self, directory: str | Path, dtype: str | None = None) -> Path:
-        """Write model.safetensors, config.json, norm_stats.json and tokenizer.model into ``directory``."""
+        """Write model.safetensors, config.json, norm_stats.json and tokenizer.model into ``directory``.
+
+        Tensors are cast and written one at a time (no second copy of the model in memory).
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         cfg = self.config
         if dtype is not None and dtype != cfg.model.dtype:
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
-        torch_dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-        tensors = {}
-        for name, t in self.model.state_dict().items():
-            keep32 = torch_dtype == torch.bfloat16 and _is_fp32_param(name)
-            tensors[f"model.{name}"] = t.detach().to(torch.float32 if keep32 else torch_dtype).contiguous().cpu()
-        checkpoint_io.save_safetensors(tensors, directory / "model.safetensors")
+        state = self.model.state_dict()
+        specs = {f"model.{k}": (param_storage_dtype(k, cfg.model.dtype), tuple(t.shape)) for k, t in state.items()}
+        with checkpoint_io.SafetensorsWriter(directory / "model.safetensors", specs) as writer:
+            for k, t in state.items():
+                writer.write(f"model.{k}", t.detach().to(specs[f"model.{k}"][0]))
         (directory / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         save_norm_stats(self.norm_stats, directory / "norm_stats.json")
         if self.tokenizer.model_path.resolve() != (directory / "tokenizer.model").resolve():
@@ -417,6 +424,9 @@ class PI0Policy(nn.Module):
                         openpi_bf16_params: bool = False, **overrides: Any) -> "PI0Policy":
         """Load a directory written by ``save_pretrained`` / the converter.
 
+        The model is built on the meta device, allocated once on ``device`` in its final dtypes, and every
+        tensor is read from model.safetensors straight into it (peak memory about one checkpoint, no float32
+        copy of a bf16 checkpoint, nothing on the CPU beyond one tensor when loading onto a GPU).
         ``overrides`` patch config.json: PolicyConfig fields (n_action_steps, num_steps, ...) or Pi0Config
         fields (dtype="bfloat16", attn_implementation="sdpa", ...). ``openpi_bf16_params`` rounds the
         weights to bf16 as unmodified openpi serving does (see ``PI0Model.round_params_``).
@@ -441,28 +451,40 @@ class PI0Policy(nn.Module):
             raise ValueError(f"{files['config.json']}: {e}") from e
         norm_stats = load_norm_stats(files["norm_stats.json"])
         tokenizer = PaligemmaTokenizer(files["tokenizer.model"], config.model.max_token_len)
-        state = checkpoint_io.load_safetensors(files["model.safetensors"])
         with torch.device("meta"):
-            model = PI0Model(config.model)
-        model = model.to_empty(device="cpu")
-        checkpoint_io.load_into(model, {k.removeprefix("model."): v for k, v in state.items()},
-                                source=files["model.safetensors"])
-        model.apply_precision()
+            model = PI0Model(config.model)  # parameters already in their final dtypes (apply_precision)
+        checkpoint_io.check_safetensors_matches(model, files["model.safetensors"], prefix="model.")
+        policy = cls(config, norm_stats, tokenizer, model)  # validates stats/tokenizer before allocating
+        model.to_empty(device=torch.device(device))
+        checkpoint_io.load_safetensors_into(model, files["model.safetensors"], prefix="model.")
         if openpi_bf16_params:
             model.round_params_(torch.bfloat16)
-        policy = cls(config, norm_stats, tokenizer, model)
-        return policy.to(device).eval()
+        return policy.eval()
 
     @classmethod
     def random_init(cls, config: PolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
                     seed: int = 0, std: float = 0.02) -> "PI0Policy":
-        """A randomly initialised policy (the embedded default / tests): N(0, std) weights, noisy norms."""
+        """A randomly initialised policy (the embedded default / tests): N(0, std) weights, noisy norms.
+
+        Built on meta and allocated once in the final dtypes; each tensor is drawn in float32 (tensors over
+        2**22 elements in 2**22-element slices) and cast in place, so a bf16 config never holds a float32 model.
+        """
         gen = torch.Generator().manual_seed(seed)
-        model = PI0Model(config.model)
+        with torch.device("meta"):
+            model = PI0Model(config.model)
+        model.to_empty(device="cpu")
+        chunk = 1 << 22
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * (std if p.ndim > 1 else 0.1))
-        return cls(config, norm_stats, tokenizer, model.apply_precision()).eval()
+            for p in model.parameters():
+                scale = std if p.ndim > 1 else 0.1
+                if p.numel() <= chunk:
+                    p.copy_(torch.randn(p.shape, generator=gen).mul_(scale))
+                    continue
+                flat = p.view(-1)
+                for i in range(0, flat.numel(), chunk):
+                    n = min(chunk, flat.numel() - i)
+                    flat[i:i + n].copy_(torch.randn(n, generator=gen).mul_(scale))
+        return cls(config, norm_stats, tokenizer, model).eval()
 
 
 def default_norm_stats(state_dim: int = 8, action_dim: int = 7) -> NormStats:

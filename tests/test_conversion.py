@@ -186,3 +186,85 @@ def test_flatten_tree_strips_value_and_keeps_bf16():
     out = dict(key_rules(CFG)["state_proj/kernel"](np.array([[1.5, -2.25]], dtype=ml_dtypes.bfloat16)))
     np.testing.assert_array_equal(np.array(out["state_proj.weight"], dtype=np.float32), [[1.5], [-2.25]])
     assert flat["PaliGemma/llm/w"].dtype == bf.dtype
+
+
+def test_streamed_file_equals_in_memory_key_map(converted_tiny, flat, tmp_path):
+    """The streaming converter writes exactly convert_params' tensors (float32), and their bf16 cast."""
+    from safetensors.torch import load_file
+
+    from pi0.conversion import convert_checkpoint
+    from pi0.modeling_pi0 import param_storage_dtype
+
+    ref = convert_params(flat, infer_config(flat))
+    got = load_file(str(converted_tiny / "model.safetensors"))
+    assert sorted(got) == sorted(f"model.{k}" for k in ref)
+    for k, v in ref.items():
+        assert got[f"model.{k}"].dtype == torch.float32 and torch.equal(got[f"model.{k}"], torch.from_numpy(v)), k
+    out = convert_checkpoint(PI0_TINY / "checkpoint" / "params", tmp_path / "bf16", dtype="bfloat16",
+                             tokenizer=converted_tiny / "tokenizer.model")
+    got = load_file(str(out / "model.safetensors"))
+    for k, v in ref.items():
+        want = torch.from_numpy(v).to(param_storage_dtype(k, "bfloat16"))
+        assert got[f"model.{k}"].dtype == want.dtype and torch.equal(got[f"model.{k}"], want), k
+
+
+def test_full_size_plan_from_shapes_only():
+    """openpi's full-size tree (shared shapes file): config inferred and every key/shape checked, no weights."""
+    import json
+
+    from conftest import GOLDEN
+    from pi0.conversion import plan_conversion
+    from pi0.openpi_zero import openpi_param_shapes
+
+    shapes = {k: tuple(v) for k, v in json.loads((GOLDEN / "openpi_pi0_full_shapes.json").read_text())["shapes"].items()}
+    view = {k: np.broadcast_to(np.zeros((), np.float32), s) for k, s in shapes.items()}  # zero-stride: no memory
+    cfg = infer_config(view)
+    assert (cfg.paligemma.variant, cfg.action_expert.variant, cfg.vision.variant) == ("gemma_2b", "gemma_300m",
+                                                                                      "So400m/14")
+    assert cfg == Pi0Config() and openpi_param_shapes(cfg) == shapes
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in PI0Model(cfg).state_dict().items()}
+    plan = plan_conversion(view, cfg, expected)
+    assert sum(len(v) for v in plan.values()) == len(expected)
+    assert plan["PaliGemma/llm/layers/mlp/gating_einsum"][:2] == [
+        ("paligemma_with_expert.paligemma.language_model.model.layers.0.mlp.gate_proj.weight", (16384, 2048)),
+        ("paligemma_with_expert.paligemma.language_model.model.layers.0.mlp.up_proj.weight", (16384, 2048))]
+
+
+@pytest.fixture(scope="module")
+def zero_tiny_shapes():
+    from pi0.openpi_zero import openpi_param_shapes
+
+    return openpi_param_shapes(CFG)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda s: s.update({"PaliGemma/llm/bogus/w": (3,)}), "unknown openpi parameter.*PaliGemma/llm/bogus/w"),
+    (lambda s: s.pop("action_out_proj/bias"), "model keys never set.*action_out_proj.bias"),
+    (lambda s: s.update({"state_proj/bias": (63,)}), "shape mismatch for state_proj.bias"),
+])
+def test_streaming_converter_strictness_before_writing(tmp_path, zero_tiny_shapes, edit, match):
+    from pi0.conversion import convert_checkpoint
+    from pi0.openpi_zero import write_zero_checkpoint
+
+    shapes = dict(zero_tiny_shapes)
+    edit(shapes)
+    params = write_zero_checkpoint(shapes, tmp_path / "ckpt", dtype="float32")
+    with pytest.raises(ValueError, match=match):
+        convert_checkpoint(params, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_unknown_asset_id_needs_delta_action_dims(tmp_path, zero_tiny_shapes):
+    from pi0.conversion import convert_checkpoint
+    from pi0.openpi_zero import write_zero_checkpoint
+
+    params = write_zero_checkpoint(zero_tiny_shapes, tmp_path / "ckpt", asset_id="trossen")
+    with pytest.raises(ValueError, match="asset id 'trossen'") as e:
+        convert_checkpoint(params, tmp_path / "out")
+    for fact in ("--delta_action_dims N", "pi0_libero", "-> 6", "pi0_droid", "-> 0", "pi0_aloha",
+                 "make_bool_mask(6, -1, 6, -1)"):
+        assert fact in str(e.value), fact
+    assert not (tmp_path / "out").exists()
+    out = convert_checkpoint(params, tmp_path / "out", delta_action_dims=0, dtype="bfloat16")
+    assert PI0Policy.from_pretrained(out).config.delta_action_dims == 0
