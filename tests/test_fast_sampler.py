@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import model_inputs
-from pi0.config import GemmaConfig, Pi0Config
+from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
 from pi0.fast_sampler import (FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding,
                               weight_bytes_per_call)
 from pi0.modeling_pi0 import PI0Model, PI0Policy
@@ -17,7 +17,9 @@ ATOL = 1e-5  # the issue's bound for float32 parity
 
 
 def _random_model(attn: str = "eager", dtype: str = "float32", **overrides) -> PI0Model:
+    """Tiny pi0 with 56-px images (16 tokens per camera) and a 10-step horizon to keep the tests cheap."""
     torch.manual_seed(0)
+    overrides = {"vision": SiglipConfig.from_variant("mu/14", image_size=56), "action_horizon": 10, **overrides}
     model = PI0Model(Pi0Config.tiny(attn_implementation=attn, dtype=dtype, **overrides))
     with torch.no_grad():
         for p in model.parameters():  # perturb everything (zero-initialised biases / norm scales matter)
@@ -28,7 +30,8 @@ def _random_model(attn: str = "eager", dtype: str = "float32", **overrides) -> P
 def _inputs(cfg: Pi0Config, b: int = 2, lengths=(7, 13), seed: int = 0):
     """Two cameras for sample 0, one for sample 1, the third camera masked everywhere; ragged prompts."""
     g = torch.Generator().manual_seed(seed)
-    imgs = [torch.rand(b, 3, 224, 224, generator=g) * 2 - 1 for _ in range(3)]
+    s = cfg.vision.image_size
+    imgs = [torch.rand(b, 3, s, s, generator=g) * 2 - 1 for _ in range(3)]
     masks = [torch.ones(b, dtype=torch.bool), torch.arange(b) == 0, torch.zeros(b, dtype=torch.bool)]
     tokens = torch.randint(0, cfg.vocab_size, (b, cfg.max_token_len), generator=g)
     tmask = torch.arange(cfg.max_token_len)[None] < torch.tensor(lengths)[:, None]
@@ -79,7 +82,7 @@ def test_each_saving_matches_eager(model, trim, fuse):
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
     # The savings really happened: 2 live cameras (the all-masked one skipped) + 13 or 48 tokens + the state token.
     [(_, cap, _, _)] = list(fast._buffers)  # key: (batch, capacity, device, dtype)
-    assert cap == round_up(2 * 256 + (13 if trim else 48) + 1, 16)
+    assert cap == round_up(2 * model.cfg.vision.num_patches + (13 if trim else 48) + 1, 16)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -97,7 +100,7 @@ def test_sdpa_bf16_and_unequal_widths(attn):
 
 
 def test_static_buffers_reused_without_stale_keys(model):
-    fast = FastSampler(model, cache_bucket=64)
+    fast = FastSampler(model, cache_bucket=128)
     long_inp, short_inp = _inputs(model.cfg, lengths=(30, 40), seed=1), _inputs(model.cfg, lengths=(5, 3), seed=2)
     for inp in (long_inp, short_inp, long_inp):  # same bucket: the short call runs on the long call's leftovers
         torch.testing.assert_close(fast(*inp, num_steps=3), model.sample_actions(*inp, num_steps=3), atol=ATOL, rtol=0)
@@ -106,9 +109,11 @@ def test_static_buffers_reused_without_stale_keys(model):
     torch.testing.assert_close(fast(*one, num_steps=3), model.sample_actions(*one, num_steps=3), atol=ATOL, rtol=0)
 
 
-def test_compiled_step_matches_eager(model):
+def test_compiled_step_matches_eager():
     # backend="aot_eager" traces and runs the same graph as inductor minus C++ codegen: inductor on this CPU
     # takes ~1 min to compile even the tiny config (see the slow test below and bench/sampling.py --compile).
+    small = GemmaConfig(32, 2, 64, 2, 1, 16)
+    model = _random_model(paligemma=small, action_expert=small)
     fast = FastSampler(model, compile=True, backend="aot_eager")
     inp = _inputs(model.cfg)
     ref = model.sample_actions(*inp, num_steps=10)
@@ -164,7 +169,7 @@ def test_cuda_graph_matches_eager(compile):
 
 
 def test_policy_option_and_deepcopy():
-    policy = tiny_policy(seed=3)
+    policy = tiny_policy(seed=3, num_steps=3)
     obs = synthetic_observation(policy, batch_size=2)
     noise = torch.randn(2, 50, 32, generator=torch.Generator().manual_seed(0))
     eager = policy.predict_action_chunk(obs, noise=noise)
