@@ -44,18 +44,23 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timeit(fns: dict[str, Callable[[], torch.Tensor]], device: str, iters: int) -> dict[str, list[float]]:
-    """Wall ms of ``iters`` calls of each fn, interleaved round-robin (so load changes hit every path alike)."""
+def timeit(fns: dict[str, Callable[[], torch.Tensor]], device: str, iters: int
+           ) -> dict[str, tuple[list[float], list[float]]]:
+    """(wall ms, process CPU ms) of ``iters`` calls of each fn, interleaved round-robin (load hits all alike).
+
+    On a shared CPU the process CPU time (all threads) is the steadier figure; on CUDA use the wall time.
+    """
     for fn in fns.values():  # warm-up: compilation / graph capture happen here
         fn()
-    out: dict[str, list[float]] = {name: [] for name in fns}
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in fns}
     for _ in range(iters):
         for name, fn in fns.items():
             sync(device)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
             sync(device)
-            out[name].append((time.perf_counter() - t) * 1000)
+            out[name][0].append((time.perf_counter() - t) * 1000)
+            out[name][1].append((time.process_time() - c) * 1000)
     return out
 
 
@@ -155,13 +160,18 @@ def main() -> None:
         else:
             notes["cuda graph"] = "skipped (no CUDA device)"
 
-    ms = {name: statistics.median(ts) for name, ts in timeit(paths, dev, args.iters).items()}
+    times = timeit(paths, dev, args.iters)
+    ms = {name: statistics.median(w) for name, (w, _) in times.items()}
+    cpu = {name: statistics.median(c) for name, (_, c) in times.items()}
     diffs = {name: (fn() - ref).abs().max().item() for name, fn in paths.items()}
     base_r, base_c = ms.get("eager recompute"), ms["eager kv-cached"]
-    print(f"\n{'path':<24}{'ms/chunk':>10}{'vs recompute':>14}{'vs kv-cached':>14}{'max|diff|':>11}")
+    print(f"\n{'path':<24}{'ms/chunk':>10}{'vs recompute':>14}{'vs kv-cached':>14}{'cpu ms':>10}"
+          f"{'cpu vs kv':>11}{'max|diff|':>11}")
     for name, t in ms.items():
         vr = f"{base_r / t:13.2f}x" if base_r else f"{'-':>14}"
-        print(f"{name:<24}{t:10.1f}{vr}{base_c / t:13.2f}x{diffs[name]:11.1e}")
+        print(f"{name:<24}{t:10.1f}{vr}{base_c / t:13.2f}x{cpu[name]:10.1f}{cpu['eager kv-cached'] / cpu[name]:10.2f}x"
+              f"{diffs[name]:11.1e}")
+    print(f"(median of {args.iters}; ms/chunk is wall time, cpu ms the process CPU time of the call)")
     for name, note in notes.items():
         print(f"  {name}: {note}")
 
