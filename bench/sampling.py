@@ -80,8 +80,8 @@ def profile_table(sampler: FastSampler, inputs: tuple, device: str) -> None:
     order = sorted(rows, key=lambda k: (not k.startswith("pi0.siglip"), not k.startswith("pi0.prefix"),
                                         int(k.rsplit("_", 1)[-1]) if k[-1].isdigit() else -1))
     dev = device.startswith("cuda")
-    print(f"\nprofile of one call (wall {wall:.1f} ms; CPU time per stage{' + device time' if dev else ''}):")
-    print(f"  {'stage':<22}{'cpu ms':>10}" + (f"{'device ms':>12}" if dev else ""))
+    print(f"\nprofile of one call (wall {wall:.1f} ms; host time per stage{' + device time' if dev else ''}):")
+    print(f"  {'stage':<22}{'host ms':>10}" + (f"{'device ms':>12}" if dev else ""))
     for k in order:
         e = rows[k]
         line = f"  {k.removeprefix('pi0.'):<22}{e.cpu_time_total / 1000:>10.2f}"

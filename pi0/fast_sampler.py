@@ -3,7 +3,8 @@
 ``FastSampler(model)`` runs the same flow-matching Euler loop with:
 
 * prompt padding beyond the longest prompt of the batch trimmed from the prefix (exact: padded keys are
-  masked out and padding does not advance positions);
+  masked out and padding does not advance positions); all live cameras in one SigLIP pass (a camera masked
+  in every sample stays skipped);
 * the state token hoisted out of the Euler loop: it cannot attend to the action tokens (block-causal
   mask), so its keys/values are computed once, in the same pass as the prefix, and appended to the cache;
 * the action input projection folded into the time MLP (two back-to-back linears, exact in real
@@ -89,17 +90,18 @@ class FastSampler:
     """Drop-in ``sample_actions`` for a ``PI0Model`` with exact FLOP savings, torch.compile and CUDA graphs."""
 
     def __init__(self, model: Any, compile: bool = False, backend: str = "inductor", cuda_graph: bool | None = None,
-                 trim_prompt: bool = True, fuse_projections: bool = True, cache_bucket: int = 16,
-                 warmup: int = 2):
+                 trim_prompt: bool = True, fuse_projections: bool = True, batch_cameras: bool = True,
+                 cache_bucket: int = 16, warmup: int = 2):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if cache_bucket < 1:
             raise ValueError(f"cache_bucket must be >= 1, got {cache_bucket}")
         self.model = model
         self.options = dict(compile=compile, backend=backend, cuda_graph=cuda_graph, trim_prompt=trim_prompt,
-                            fuse_projections=fuse_projections, cache_bucket=cache_bucket, warmup=warmup)
+                            fuse_projections=fuse_projections, batch_cameras=batch_cameras,
+                            cache_bucket=cache_bucket, warmup=warmup)
         self.compile, self.backend, self.cuda_graph = compile, backend, cuda_graph
-        self.trim_prompt, self.fuse_projections = trim_prompt, fuse_projections
+        self.trim_prompt, self.fuse_projections, self.batch_cameras = trim_prompt, fuse_projections, batch_cameras
         self.cache_bucket, self.warmup = cache_bucket, warmup
         self._step_fn = torch.compile(self._step, backend=backend, dynamic=False) if compile else self._step
         self._buffers: dict[tuple, _Buffers] = {}
@@ -154,6 +156,29 @@ class FastSampler:
         return entry["inputs"], -1.0 / num_steps
 
     # ------------------------------------------------------------------ prefix
+    def embed_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                     lang_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``PI0Model.embed_prefix`` with every live camera in ONE SigLIP pass (weights read once, not per camera).
+
+        Images C x (B,3,S,S), masks C x (B,), tokens/masks (B,L) -> embs (B,Tp,D), pad (B,Tp), ar (Tp,).
+        """
+        m = self.model
+        if not self.batch_cameras:
+            return m.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+        pwe = m.paligemma_with_expert
+        live = [(img, mask) for img, mask in zip(images, img_masks) if bool(mask.any())]  # all-masked: skipped
+        embs, pads = [], []
+        if live:
+            b = live[0][0].shape[0]
+            tok = pwe.embed_image(torch.cat([img for img, _ in live]))  # (C*B, P, D)
+            for c, (_, mask) in enumerate(live):
+                embs.append(tok[c * b:(c + 1) * b])
+                pads.append(mask.bool()[:, None].expand(-1, tok.shape[1]))
+        embs.append(pwe.embed_language(lang_tokens))
+        pads.append(lang_masks.bool())
+        emb, pad = torch.cat(embs, 1), torch.cat(pads, 1)
+        return emb, pad, torch.zeros(emb.shape[1], dtype=torch.bool, device=emb.device)
+
     def encode(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                lang_masks: torch.Tensor, state: torch.Tensor) -> _Buffers:
         """Prefix + state token in one pass -> static buffers holding their KV cache (B, C, K, H) per layer."""
@@ -162,7 +187,7 @@ class FastSampler:
         if self.trim_prompt:
             lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks)
         with record_function("pi0.siglip+embed"):
-            emb, pad, ar = m.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+            emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         with record_function("pi0.prefix"):
             b, tp = pad.shape
             # as in openpi pi0.py embed_suffix: the state token starts its own block (ar=True) after the prefix
@@ -281,7 +306,7 @@ class FastSampler:
 def weight_bytes_per_call(model: Any, num_steps: int, cameras: int) -> dict[str, int]:
     """Bytes of weights one FastSampler call reads (each pass reads its weights once from memory).
 
-    SigLIP + projector once per unmasked camera; the VLM Gemma layers once (prefix); the action expert
+    SigLIP + projector once (``cameras`` > 0: all live cameras go in one batched pass); the VLM Gemma layers once (prefix); the action expert
     once with the prefix (state token) and once per Euler step; the embedding table is excluded (B*L rows).
     """
     pwe = model.paligemma_with_expert
@@ -292,7 +317,7 @@ def weight_bytes_per_call(model: Any, num_steps: int, cameras: int) -> dict[str,
     exp = nbytes(expert)
     heads = sum(nbytes(getattr(model, n)) for n in ("action_in_proj", "action_time_mlp_in", "action_time_mlp_out",
                                                   "action_out_proj"))
-    parts = {"siglip": vision * cameras, "gemma_prefix": gemma, "expert": exp * (num_steps + 1),
+    parts = {"siglip": vision * min(cameras, 1), "gemma_prefix": gemma, "expert": exp * (num_steps + 1),
              "heads": heads * num_steps + nbytes(model.state_proj)}
     parts["total"] = sum(parts.values())
     return parts
