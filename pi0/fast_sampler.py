@@ -108,6 +108,7 @@ class FastSampler:
         self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._consts: dict[tuple, dict[str, Any]] = {}
         self.graph_error: str | None = None  # why CUDA-graph capture fell back to the un-captured loop
+        self._param_ptrs: tuple[int, ...] = ()
 
     def __deepcopy__(self, memo: dict) -> "FastSampler":
         """A fresh sampler (nothing compiled or captured) bound to the deep-copied model."""
@@ -290,6 +291,10 @@ class FastSampler:
         if tuple(noise.shape) != shape:
             raise ValueError(f"noise must be {shape}, got {tuple(noise.shape)}")
         use_graph = self._use_graph(state.device)
+        ptrs = tuple(p.data_ptr() for p in self.model.parameters())
+        if ptrs != self._param_ptrs:  # weights re-allocated (.to(), p.data = ...): captured graphs are stale
+            self._graphs.clear()
+            self._param_ptrs = ptrs
         time_inputs, dt = self._time_inputs(num_steps, b, state.device)
         buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
         buf.x.copy_(noise)  # copy-in
