@@ -311,8 +311,9 @@ class FastSampler:
 def weight_bytes_per_call(model: Any, num_steps: int, cameras: int) -> dict[str, int]:
     """Bytes of weights one FastSampler call reads (each pass reads its weights once from memory).
 
-    SigLIP + projector once (``cameras`` > 0: all live cameras go in one batched pass); the VLM Gemma layers once (prefix); the action expert
-    once with the prefix (state token) and once per Euler step; the embedding table is excluded (B*L rows).
+    SigLIP + projector once (``cameras`` > 0: all live cameras go in one batched pass); the VLM Gemma layers
+    once (prefix); the action expert once with the prefix (state token) and once per Euler step; the embedding
+    table is excluded (only B*L rows are read).
     """
     pwe = model.paligemma_with_expert
     nbytes = lambda mod: sum(p.numel() * p.element_size() for p in mod.parameters())  # noqa: E731
@@ -320,8 +321,8 @@ def weight_bytes_per_call(model: Any, num_steps: int, cameras: int) -> dict[str,
     vision = nbytes(pwe.paligemma.vision_tower) + nbytes(pwe.paligemma.multi_modal_projector)
     gemma = nbytes(vlm.layers) + nbytes(vlm.norm)
     exp = nbytes(expert)
-    heads = sum(nbytes(getattr(model, n)) for n in ("action_in_proj", "action_time_mlp_in", "action_time_mlp_out",
-                                                  "action_out_proj"))
+    heads = sum(nbytes(getattr(model, n))
+                for n in ("action_in_proj", "action_time_mlp_in", "action_time_mlp_out", "action_out_proj"))
     parts = {"siglip": vision * min(cameras, 1), "gemma_prefix": gemma, "expert": exp * (num_steps + 1),
              "heads": heads * num_steps + nbytes(model.state_proj)}
     parts["total"] = sum(parts.values())

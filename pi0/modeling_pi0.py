@@ -391,7 +391,7 @@ class PI0Policy(nn.Module):
                     noise=noise, state=inp["state"], lang_tokens=inp["lang_tokens"], lang_masks=inp["lang_masks"])
 
     def enable_fast_sampling(self, enabled: bool = True, **options: Any) -> FastSampler | None:
-        """Predict chunks with ``pi0.fast_sampler.FastSampler`` (same numbers; see ``PI0Model.enable_fast_sampling``)."""
+        """Predict chunks with ``pi0.fast_sampler.FastSampler`` (same numbers; see PI0Model.enable_fast_sampling)."""
         return self.model.enable_fast_sampling(enabled, **options)
 
     def reset(self) -> None:
