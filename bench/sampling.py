@@ -2,7 +2,8 @@
 
     python bench/sampling.py                                  # tiny config, CPU: eager recompute vs KV-cached
     python bench/sampling.py --compile                        # + FastSampler eager / compiled (+ CUDA graph on GPU)
-    python bench/sampling.py --config full --device cuda --dtype bfloat16 --batch 1 --cameras 2 --compile
+    python bench/sampling.py --config full --device cuda --dtype bfloat16 --batch 1 --cameras 2 --compile \
+        --compile_prefix --attn sdpa                          # + compiled SigLIP/prefix, CUDA-graph rows
     python bench/sampling.py --config mid --profile           # per-stage latency table of one call (torch.profiler)
 
 Every path runs in this process on the same random weights and inputs; prints ms per chunk, ratios against
@@ -110,6 +111,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--compile", action="store_true", help="add FastSampler, compiled and (CUDA) graph-captured rows")
     p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
+    p.add_argument("--compile_prefix", action="store_true", help="compiled rows also compile SigLIP + prefix pass")
     p.add_argument("--no_recompute", action="store_true", help="skip the slow recompute-prefix baseline")
     p.add_argument("--profile", action="store_true", help="print a per-stage latency table of one call")
     args = p.parse_args()
@@ -142,12 +144,13 @@ def main() -> None:
         fast = FastSampler(model, cuda_graph=False)
         paths["fast (no compile)"] = lambda: fast(*inputs)
         t0 = time.perf_counter()
-        compiled = FastSampler(model, compile=True, backend=args.backend, cuda_graph=False)
+        opts = dict(compile=True, backend=args.backend, compile_prefix=args.compile_prefix)
+        compiled = FastSampler(model, cuda_graph=False, **opts)
         compiled(*inputs)
         notes["compiled"] = f"first call incl. compile {time.perf_counter() - t0:.1f} s"
         paths["compiled"] = lambda: compiled(*inputs)
         if dev.startswith("cuda"):
-            graphed = FastSampler(model, compile=True, backend=args.backend, cuda_graph=True)
+            graphed = FastSampler(model, cuda_graph=True, **opts)
             graphed(*inputs)
             if graphed.graph_error is None:
                 paths["compiled + cuda graph"] = lambda: graphed(*inputs)
@@ -185,7 +188,8 @@ def main() -> None:
     print(f"achieved: {best} {ms[best]:.1f} ms = {floor / ms[best]:.2%} of the bandwidth roofline")
 
     if args.profile:
-        prof = FastSampler(model, compile=args.compile, backend=args.backend, cuda_graph=False)
+        prof = FastSampler(model, compile=args.compile, backend=args.backend, cuda_graph=False,
+                           compile_prefix=args.compile and args.compile_prefix)
         profile_table(prof, inputs, dev)
 
 

@@ -35,11 +35,14 @@ from pi0.flow import euler_integrate, posemb_sincos
 BACKENDS = ("inductor", "aot_eager", "eager")
 
 
-def trim_prompt_padding(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens, mask (B, L) -> (B, L') with L' = 1 + last column where any sample has a valid token (>= 1)."""
+def trim_prompt_padding(tokens: torch.Tensor, mask: torch.Tensor, multiple: int = 1
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens, mask (B, L) -> (B, L'): L' = 1 + last column where any sample has a valid token, rounded up to
+    ``multiple`` (few shapes for torch.compile) and kept within [1, L]."""
     valid_cols = mask.bool().any(0)  # (L,)
     idx = torch.nonzero(valid_cols)
     keep = max(int(idx[-1]) + 1, 1) if idx.numel() else 1
+    keep = min(round_up(keep, multiple), mask.shape[1])
     return tokens[:, :keep], mask[:, :keep]
 
 
@@ -91,7 +94,7 @@ class FastSampler:
 
     def __init__(self, model: Any, compile: bool = False, backend: str = "inductor", cuda_graph: bool | None = None,
                  trim_prompt: bool = True, fuse_projections: bool = True, batch_cameras: bool = True,
-                 cache_bucket: int = 16, warmup: int = 2):
+                 cache_bucket: int = 16, warmup: int = 2, compile_prefix: bool = False):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if cache_bucket < 1:
@@ -99,11 +102,18 @@ class FastSampler:
         self.model = model
         self.options = dict(compile=compile, backend=backend, cuda_graph=cuda_graph, trim_prompt=trim_prompt,
                             fuse_projections=fuse_projections, batch_cameras=batch_cameras,
-                            cache_bucket=cache_bucket, warmup=warmup)
+                            cache_bucket=cache_bucket, warmup=warmup, compile_prefix=compile_prefix)
         self.compile, self.backend, self.cuda_graph = compile, backend, cuda_graph
         self.trim_prompt, self.fuse_projections, self.batch_cameras = trim_prompt, fuse_projections, batch_cameras
         self.cache_bucket, self.warmup = cache_bucket, warmup
         self._step_fn = torch.compile(self._step, backend=backend, dynamic=False) if compile else self._step
+        # compile_prefix: SigLIP and the prefix transformer pass compiled too (prompt trimmed to multiples of 16
+        # so that only a few prefix shapes occur); camera skipping and trimming stay outside (data-dependent).
+        pwe = model.paligemma_with_expert
+        self.compile_prefix = compile_prefix
+        self._vision_fn = torch.compile(pwe.embed_image, backend=backend, dynamic=False) if compile_prefix \
+            else pwe.embed_image
+        self._joint_fn = torch.compile(pwe.forward, backend=backend, dynamic=False) if compile_prefix else pwe
         self._buffers: dict[tuple, _Buffers] = {}
         self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._consts: dict[tuple, dict[str, Any]] = {}
@@ -171,7 +181,7 @@ class FastSampler:
         embs, pads = [], []
         if live:
             b = live[0][0].shape[0]
-            tok = pwe.embed_image(torch.cat([img for img, _ in live]))  # (C*B, P, D)
+            tok = self._vision_fn(torch.cat([img for img, _ in live]))  # (C*B, P, D)
             for c, (_, mask) in enumerate(live):
                 embs.append(tok[c * b:(c + 1) * b])
                 pads.append(mask.bool()[:, None].expand(-1, tok.shape[1]))
@@ -184,9 +194,8 @@ class FastSampler:
                lang_masks: torch.Tensor, state: torch.Tensor) -> _Buffers:
         """Prefix + state token in one pass -> static buffers holding their KV cache (B, C, K, H) per layer."""
         m = self.model
-        pwe = m.paligemma_with_expert
         if self.trim_prompt:
-            lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks)
+            lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks, 16 if self.compile_prefix else 1)
         with record_function("pi0.siglip+embed"):
             emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         with record_function("pi0.prefix"):
@@ -196,8 +205,8 @@ class FastSampler:
             ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
             full_pad = torch.cat([pad, ones], 1)
             full_ar = torch.cat([ar, ones[0]], 0)
-            _, cache = pwe([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
-                           return_kv_cache=True)
+            _, cache = self._joint_fn([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
+                                      return_kv_cache=True)
         buf = self._get_buffers(b, round_up(tp + 1, self.cache_bucket), pad.device, cache[0][0])
         n = tp + 1
         for layer, (k, v) in enumerate(cache):

@@ -53,6 +53,8 @@ def test_trim_prompt_padding_hand_computed():
     holes = torch.tensor([[1, 0, 1, 0]], dtype=torch.bool)  # only trailing all-padding columns go
     assert trim_prompt_padding(torch.zeros(1, 4), holes)[1].tolist() == [[True, False, True]]
     assert trim_prompt_padding(torch.zeros(2, 4), torch.zeros(2, 4, dtype=torch.bool))[0].shape == (2, 1)
+    assert trim_prompt_padding(tok, mask, multiple=4)[1].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]  # 3 -> 4
+    assert trim_prompt_padding(tok, mask, multiple=16)[0].shape == (2, 5)  # never beyond L
 
 
 def test_euler_times_match_openpi_schedule():
@@ -110,12 +112,13 @@ def test_static_buffers_reused_without_stale_keys(model):
     torch.testing.assert_close(fast(*one, num_steps=3), model.sample_actions(*one, num_steps=3), atol=ATOL, rtol=0)
 
 
-def test_compiled_step_matches_eager():
+@pytest.mark.parametrize("compile_prefix", [False, True])
+def test_compiled_step_matches_eager(compile_prefix):
     # backend="aot_eager" traces and runs the same graph as inductor minus C++ codegen: inductor on this CPU
     # takes ~1 min to compile even the tiny config (see the slow test below and bench/sampling.py --compile).
     small = GemmaConfig(32, 2, 64, 2, 1, 16)
     model = _random_model(paligemma=small, action_expert=small)
-    fast = FastSampler(model, compile=True, backend="aot_eager")
+    fast = FastSampler(model, compile=True, backend="aot_eager", compile_prefix=compile_prefix)
     inp = _inputs(model.cfg)
     ref = model.sample_actions(*inp, num_steps=10)
     torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)
