@@ -109,11 +109,9 @@ class FastSampler:
         self._step_fn = torch.compile(self._step, backend=backend, dynamic=False) if compile else self._step
         # compile_prefix: SigLIP and the prefix transformer pass compiled too (prompt trimmed to multiples of 16
         # so that only a few prefix shapes occur); camera skipping and trimming stay outside (data-dependent).
-        pwe = model.paligemma_with_expert
+        # Built on first use: a deep copy binds a model whose attributes are not filled in yet.
         self.compile_prefix = compile_prefix
-        self._vision_fn = torch.compile(pwe.embed_image, backend=backend, dynamic=False) if compile_prefix \
-            else pwe.embed_image
-        self._joint_fn = torch.compile(pwe.forward, backend=backend, dynamic=False) if compile_prefix else pwe
+        self._prefix_fns: tuple[Any, Any] | None = None
         self._buffers: dict[tuple, _Buffers] = {}
         self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._consts: dict[tuple, dict[str, Any]] = {}
@@ -167,6 +165,17 @@ class FastSampler:
         return entry["inputs"], -1.0 / num_steps
 
     # ------------------------------------------------------------------ prefix
+    def _vision_and_joint(self) -> tuple[Any, Any]:
+        """(SigLIP embed_image, joint transformer forward), compiled when ``compile_prefix``."""
+        if self._prefix_fns is None:
+            pwe = self.model.paligemma_with_expert
+            if self.compile_prefix:
+                self._prefix_fns = (torch.compile(pwe.embed_image, backend=self.backend, dynamic=False),
+                                    torch.compile(pwe.forward, backend=self.backend, dynamic=False))
+            else:
+                self._prefix_fns = (pwe.embed_image, pwe)
+        return self._prefix_fns
+
     def embed_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                      lang_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``PI0Model.embed_prefix`` with every live camera in ONE SigLIP pass (weights read once, not per camera).
@@ -181,7 +190,7 @@ class FastSampler:
         embs, pads = [], []
         if live:
             b = live[0][0].shape[0]
-            tok = self._vision_fn(torch.cat([img for img, _ in live]))  # (C*B, P, D)
+            tok = self._vision_and_joint()[0](torch.cat([img for img, _ in live]))  # (C*B, P, D)
             for c, (_, mask) in enumerate(live):
                 embs.append(tok[c * b:(c + 1) * b])
                 pads.append(mask.bool()[:, None].expand(-1, tok.shape[1]))
@@ -205,8 +214,9 @@ class FastSampler:
             ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
             full_pad = torch.cat([pad, ones], 1)
             full_ar = torch.cat([ar, ones[0]], 0)
-            _, cache = self._joint_fn([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
-                                      return_kv_cache=True)
+            joint = self._vision_and_joint()[1]
+            _, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
+                             return_kv_cache=True)
         buf = self._get_buffers(b, round_up(tp + 1, self.cache_bucket), pad.device, cache[0][0])
         n = tp + 1
         for layer, (k, v) in enumerate(cache):
