@@ -112,7 +112,7 @@ def test_static_buffers_reused_without_stale_keys(model):
     torch.testing.assert_close(fast(*one, num_steps=3), model.sample_actions(*one, num_steps=3), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("compile_prefix", [False, True])
+@pytest.mark.parametrize("compile_prefix", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_compiled_step_matches_eager(compile_prefix):
     # backend="aot_eager" traces and runs the same graph as inductor minus C++ codegen: inductor on this CPU
     # takes ~1 min to compile even the tiny config (see the slow test below and bench/sampling.py --compile).
