@@ -1,10 +1,14 @@
-"""Benchmark pi0 sample_actions: KV-cached prefix (run once) vs recomputing the prefix at every Euler step.
+"""Benchmark pi0 sampling: recompute vs KV-cached (eager), FastSampler, compiled, CUDA-graph-captured; roofline.
 
-    python bench/sampling.py                                  # tiny config, CPU
-    python bench/sampling.py --config full --device cuda --dtype bfloat16 --batch 1 --cameras 2
-    python bench/sampling.py --paligemma gemma_2b --expert gemma_300m --vision So400m/14
+    python bench/sampling.py                                  # tiny config, CPU: eager recompute vs KV-cached
+    python bench/sampling.py --compile                        # + FastSampler eager / compiled (+ CUDA graph on GPU)
+    python bench/sampling.py --config full --device cuda --dtype bfloat16 --batch 1 --cameras 2 --compile \
+        --compile_prefix --attn sdpa                          # + compiled SigLIP/prefix, CUDA-graph rows
+    python bench/sampling.py --config mid --profile           # per-stage latency table of one call (torch.profiler)
 
-Both paths run in this process on the same random weights and inputs; prints ms per call and the ratio.
+Every path runs in this process on the same random weights and inputs; prints ms per chunk, ratios against
+the eager paths, max |diff| against the eager KV-cached path, and a roofline: bytes of weights one call reads
+divided by the measured bandwidth of a large copy, with the fraction of it the fastest path achieves.
 """
 
 from __future__ import annotations
@@ -12,75 +16,181 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Callable
 
 import torch
 
 from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.fast_sampler import FastSampler, copy_bandwidth, weight_bytes_per_call
 from pi0.modeling_pi0 import PI0Model
+
+# name -> (paligemma, expert, vision, vocab); "mid" is a 4-layer 2B-width model for CPU profiles.
+CONFIGS = {"tiny": ("dummy", "dummy", "mu/14", 1024), "full": ("gemma_2b", "gemma_300m", "So400m/14", 257_152),
+           "mid": (GemmaConfig(1024, 4, 4096, 8, 1, 128), GemmaConfig(512, 4, 2048, 8, 1, 128), "B/16", 16_384)}
 
 
 def build(args: argparse.Namespace) -> Pi0Config:
-    """Config from flags."""
-    if args.config == "full":
-        args.paligemma, args.expert, args.vision = "gemma_2b", "gemma_300m", "So400m/14"
-        args.vocab = 257_152
-    return Pi0Config(paligemma=GemmaConfig.from_variant(args.paligemma), action_expert=GemmaConfig.from_variant(args.expert),
-                     vision=SiglipConfig.from_variant(args.vision), vocab_size=args.vocab, dtype=args.dtype,
-                     attn_implementation=args.attn)
+    """Config from flags (--config picks a preset; --paligemma/--expert/--vision/--vocab override 'tiny')."""
+    pg, ex, vis, vocab = CONFIGS[args.config]
+    if args.config == "tiny":
+        pg, ex, vis, vocab = args.paligemma or pg, args.expert or ex, args.vision or vis, args.vocab or vocab
+    gemma = lambda v: v if isinstance(v, GemmaConfig) else GemmaConfig.from_variant(v)  # noqa: E731
+    return Pi0Config(paligemma=gemma(pg), action_expert=gemma(ex), vision=SiglipConfig.from_variant(vis),
+                     vocab_size=vocab, dtype=args.dtype, attn_implementation=args.attn)
 
 
-def timeit(fn, device: str, iters: int) -> list[float]:
-    """Wall times in ms of ``iters`` calls after one warm-up call."""
-    fn()
-    out = []
-    for _ in range(iters):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t = time.perf_counter()
+def sync(device: str) -> None:
+    """Wait for queued device work (CUDA) so wall time covers it."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timeit(fns: dict[str, Callable[[], torch.Tensor]], device: str, iters: int
+           ) -> dict[str, tuple[list[float], list[float]]]:
+    """(wall ms, process CPU ms) of ``iters`` calls of each fn, interleaved round-robin (load hits all alike).
+
+    On a shared CPU the process CPU time (all threads) is the steadier figure; on CUDA use the wall time.
+    """
+    for fn in fns.values():  # warm-up: compilation / graph capture happen here
         fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1000)
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            sync(device)
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            sync(device)
+            out[name][0].append((time.perf_counter() - t) * 1000)
+            out[name][1].append((time.process_time() - c) * 1000)
     return out
 
 
+def profile_table(sampler: FastSampler, inputs: tuple, device: str) -> None:
+    """One profiled FastSampler call -> ms per stage (SigLIP, prefix, each denoise step) from torch.profiler."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    sampler(*inputs)  # warm
+    sync(device)
+    with torch.profiler.profile(activities=acts) as prof:
+        t = time.perf_counter()
+        sampler(*inputs)
+        sync(device)
+        wall = (time.perf_counter() - t) * 1000
+    rows = {e.key: e for e in prof.key_averages() if e.key.startswith("pi0.")}
+    order = sorted(rows, key=lambda k: (not k.startswith("pi0.siglip"), not k.startswith("pi0.prefix"),
+                                        int(k.rsplit("_", 1)[-1]) if k[-1].isdigit() else -1))
+    dev = device.startswith("cuda")
+    print(f"\nprofile of one call (wall {wall:.1f} ms; host time per stage{' + device time' if dev else ''}):")
+    print(f"  {'stage':<22}{'host ms':>10}" + (f"{'device ms':>12}" if dev else ""))
+    for k in order:
+        e = rows[k]
+        line = f"  {k.removeprefix('pi0.'):<22}{e.cpu_time_total / 1000:>10.2f}"
+        if dev:
+            line += f"{getattr(e, 'device_time_total', getattr(e, 'cuda_time_total', 0.0)) / 1000:>12.2f}"
+        print(line)
+    print(f"  {'sum of stages':<22}{sum(rows[k].cpu_time_total for k in order) / 1000:>10.2f}")
+
+
 def main() -> None:
-    """Run both paths and print the comparison."""
+    """Run the paths and print the comparison."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", choices=["tiny", "full"], default="tiny")
-    p.add_argument("--paligemma", default="dummy")
-    p.add_argument("--expert", default="dummy")
-    p.add_argument("--vision", default="mu/14")
-    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    p.add_argument("--paligemma", default=None, help="Gemma variant for --config tiny (default dummy)")
+    p.add_argument("--expert", default=None)
+    p.add_argument("--vision", default=None)
+    p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--attn", default="eager", choices=["eager", "sdpa"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cameras", type=int, default=2, help="unmasked cameras (of 3)")
+    p.add_argument("--prompt_len", type=int, default=12, help="valid prompt tokens (of max_token_len=48)")
     p.add_argument("--num_steps", type=int, default=10)
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--compile", action="store_true", help="add FastSampler, compiled and (CUDA) graph-captured rows")
+    p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
+    p.add_argument("--compile_prefix", action="store_true", help="compiled rows also compile SigLIP + prefix pass")
+    p.add_argument("--no_recompute", action="store_true", help="skip the slow recompute-prefix baseline")
+    p.add_argument("--profile", action="store_true", help="print a per-stage latency table of one call")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = build(args)
+    dev = args.device
     torch.manual_seed(0)
-    model = PI0Model(cfg).to(args.device).eval()
+    model = PI0Model(cfg).to(dev).eval()
     b, s = args.batch, cfg.vision.image_size
-    images = [torch.rand(b, 3, s, s, device=args.device) * 2 - 1 for _ in range(3)]
-    masks = [torch.full((b,), i < args.cameras, device=args.device) for i in range(3)]
-    tokens = torch.randint(0, cfg.vocab_size, (b, cfg.max_token_len), device=args.device)
-    tmask = torch.arange(cfg.max_token_len, device=args.device)[None].expand(b, -1) < 12
-    state = torch.randn(b, cfg.action_dim, device=args.device)
-    noise = torch.randn(b, cfg.action_horizon, cfg.action_dim, device=args.device)
+    images = [torch.rand(b, 3, s, s, device=dev) * 2 - 1 for _ in range(3)]
+    masks = [torch.full((b,), i < args.cameras, device=dev) for i in range(3)]
+    tokens = torch.randint(0, cfg.vocab_size, (b, cfg.max_token_len), device=dev)
+    tmask = torch.arange(cfg.max_token_len, device=dev)[None].expand(b, -1) < args.prompt_len
+    state = torch.randn(b, cfg.action_dim, device=dev)
+    noise = torch.randn(b, cfg.action_horizon, cfg.action_dim, device=dev)
     inputs = (images, masks, tokens, tmask, state, noise, args.num_steps)
-    cached = timeit(lambda: model.sample_actions(*inputs), args.device, args.iters)
-    naive = timeit(lambda: model.sample_actions_uncached(*inputs), args.device, args.iters)
-    diff = (model.sample_actions(*inputs) - model.sample_actions_uncached(*inputs)).abs().max().item()
-    c, n = statistics.median(cached), statistics.median(naive)
-    print(f"config={args.config} paligemma={cfg.paligemma.variant} expert={cfg.action_expert.variant} "
-          f"vision={cfg.vision.variant} dtype={cfg.dtype} attn={cfg.attn_implementation} device={args.device} "
-          f"batch={b} cameras={args.cameras} steps={args.num_steps}")
-    print(f"kv-cached prefix : {c:9.1f} ms/call (median of {args.iters})")
-    print(f"recompute prefix : {n:9.1f} ms/call (median of {args.iters})")
-    print(f"speed-up (recompute / cached) = {n / c:.2f}x   max |diff| = {diff:.2e}")
+    print(f"config={args.config} paligemma={cfg.paligemma.variant}/{cfg.paligemma.width} expert="
+          f"{cfg.action_expert.variant}/{cfg.action_expert.width} vision={cfg.vision.variant} dtype={cfg.dtype} "
+          f"attn={cfg.attn_implementation} device={dev} batch={b} cameras={args.cameras} "
+          f"prompt_len={args.prompt_len} steps={args.num_steps} threads={torch.get_num_threads()}")
+
+    ref = model.sample_actions(*inputs)
+    paths: dict[str, Callable[[], torch.Tensor]] = {}
+    if not args.no_recompute:
+        paths["eager recompute"] = lambda: model.sample_actions_uncached(*inputs)
+    paths["eager kv-cached"] = lambda: model.sample_actions(*inputs)
+    notes: dict[str, str] = {}
+    if args.compile:
+        fast = FastSampler(model, cuda_graph=False)
+        paths["fast (no compile)"] = lambda: fast(*inputs)
+        t0 = time.perf_counter()
+        opts = dict(compile=True, backend=args.backend, compile_prefix=args.compile_prefix)
+        compiled = FastSampler(model, cuda_graph=False, **opts)
+        compiled(*inputs)
+        notes["compiled"] = f"first call incl. compile {time.perf_counter() - t0:.1f} s"
+        paths["compiled"] = lambda: compiled(*inputs)
+        if dev.startswith("cuda"):
+            graphed = FastSampler(model, cuda_graph=True, **opts)
+            graphed(*inputs)
+            if graphed.graph_error is None:
+                paths["compiled + cuda graph"] = lambda: graphed(*inputs)
+            else:
+                notes["compiled + cuda graph"] = f"capture failed: {graphed.graph_error}"
+            eager_graph = FastSampler(model, cuda_graph=True)
+            eager_graph(*inputs)
+            if eager_graph.graph_error is None:
+                paths["eager + cuda graph"] = lambda: eager_graph(*inputs)
+        else:
+            notes["cuda graph"] = "skipped (no CUDA device)"
+
+    times = timeit(paths, dev, args.iters)
+    ms = {name: statistics.median(w) for name, (w, _) in times.items()}
+    cpu = {name: statistics.median(c) for name, (_, c) in times.items()}
+    diffs = {name: (fn() - ref).abs().max().item() for name, fn in paths.items()}
+    base_r, base_c = ms.get("eager recompute"), ms["eager kv-cached"]
+    print(f"\n{'path':<24}{'ms/chunk':>10}{'vs recompute':>14}{'vs kv-cached':>14}{'cpu ms':>10}"
+          f"{'cpu vs kv':>11}{'max|diff|':>11}")
+    for name, t in ms.items():
+        vr = f"{base_r / t:13.2f}x" if base_r else f"{'-':>14}"
+        print(f"{name:<24}{t:10.1f}{vr}{base_c / t:13.2f}x{cpu[name]:10.1f}{cpu['eager kv-cached'] / cpu[name]:10.2f}x"
+              f"{diffs[name]:11.1e}")
+    print(f"(median of {args.iters}; ms/chunk is wall time, cpu ms the process CPU time of the call)")
+    for name, note in notes.items():
+        print(f"  {name}: {note}")
+
+    parts = weight_bytes_per_call(model, args.num_steps, args.cameras)
+    bw = copy_bandwidth(dev)
+    floor = parts["total"] / bw * 1000
+    best = min(ms, key=ms.get)
+    print(f"\nroofline: {parts['total'] / 1e9:.3f} GB of weights per call (siglip {parts['siglip'] / 1e9:.3f}, "
+          f"gemma prefix {parts['gemma_prefix'] / 1e9:.3f}, expert x{args.num_steps + 1} {parts['expert'] / 1e9:.3f})"
+          f" / measured copy bandwidth {bw / 1e9:.1f} GB/s = {floor:.2f} ms floor")
+    print(f"achieved: {best} {ms[best]:.1f} ms = {floor / ms[best]:.2%} of the bandwidth roofline")
+
+    if args.profile:
+        prof = FastSampler(model, compile=args.compile, backend=args.backend, cuda_graph=False,
+                           compile_prefix=args.compile and args.compile_prefix)
+        profile_table(prof, inputs, dev)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from torch import nn
 from pi0 import checkpoint_io
 from pi0.attention import make_attn_mask, make_positions
 from pi0.config import CAMERA_KEYS, Pi0Config, check_keys
+from pi0.fast_sampler import FastSampler
 from pi0.flow import euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 from pi0.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.paligemma_with_expert import KVCache, PaliGemmaWithExpert
@@ -60,6 +61,7 @@ class PI0Model(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * w, w)
         self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
+        self.fast_sampler: FastSampler | None = None  # see enable_fast_sampling
         self.apply_precision()
 
     # ------------------------------------------------------------------ precision
@@ -201,12 +203,20 @@ class PI0Model(nn.Module):
 
         The prefix runs once; its per-layer keys/values are reused by every Euler step.
         """
+        if self.fast_sampler is not None:  # same numbers, fewer FLOPs (tests/test_fast_sampler.py)
+            return self.fast_sampler.sample_actions(images, img_masks, lang_tokens, lang_masks, state, noise, num_steps)
         b = state.shape[0]
         if noise is None:
             noise = torch.randn(b, self.cfg.action_horizon, self.cfg.action_dim, device=state.device)
         kv_cache, prefix_pad = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
         return euler_integrate(lambda x, t: self.denoise_step(kv_cache, prefix_pad, state, x, t),
                                noise.float(), num_steps)
+
+    def enable_fast_sampling(self, enabled: bool = True, **options: Any) -> FastSampler | None:
+        """Route ``sample_actions`` through ``pi0.fast_sampler.FastSampler(self, **options)`` (e.g. compile=True,
+        cuda_graph=None: auto on CUDA); ``enabled=False`` restores the eager reference path."""
+        self.fast_sampler = FastSampler(self, **options) if enabled else None
+        return self.fast_sampler
 
     @torch.no_grad()
     def sample_actions_uncached(self, images: list[torch.Tensor], img_masks: list[torch.Tensor],
@@ -384,6 +394,10 @@ class PI0Policy(nn.Module):
         actions = self.postprocess_actions(model_actions, inp["state"])
         return dict(actions=actions.to(torch.float32), actions_f64=actions, model_actions=model_actions,
                     noise=noise, state=inp["state"], lang_tokens=inp["lang_tokens"], lang_masks=inp["lang_masks"])
+
+    def enable_fast_sampling(self, enabled: bool = True, **options: Any) -> FastSampler | None:
+        """Predict chunks with ``pi0.fast_sampler.FastSampler`` (same numbers; see PI0Model.enable_fast_sampling)."""
+        return self.model.enable_fast_sampling(enabled, **options)
 
     def reset(self) -> None:
         """Clear the action queue (call at every episode start)."""

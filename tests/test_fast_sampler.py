@@ -1,0 +1,212 @@
+"""FastSampler: same numbers as the eager PI0Model.sample_actions, with each FLOP saving checked on its own."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import model_inputs
+from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.fast_sampler import (FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding,
+                              weight_bytes_per_call)
+from pi0.modeling_pi0 import PI0Model, PI0Policy
+from pi0.presets import synthetic_observation, tiny_policy
+
+ATOL = 1e-5  # the issue's bound for float32 parity
+
+
+def _random_model(attn: str = "eager", dtype: str = "float32", **overrides) -> PI0Model:
+    """Tiny pi0 with 56-px images (16 tokens per camera) and a 10-step horizon to keep the tests cheap."""
+    torch.manual_seed(0)
+    overrides = {"vision": SiglipConfig.from_variant("mu/14", image_size=56), "action_horizon": 10, **overrides}
+    model = PI0Model(Pi0Config.tiny(attn_implementation=attn, dtype=dtype, **overrides))
+    with torch.no_grad():
+        for p in model.parameters():  # perturb everything (zero-initialised biases / norm scales matter)
+            p.copy_(torch.randn(p.shape) * (0.05 if p.ndim > 1 else 0.1))
+    return model.apply_precision().eval()
+
+
+def _inputs(cfg: Pi0Config, b: int = 2, lengths=(7, 13), seed: int = 0):
+    """Two cameras for sample 0, one for sample 1, the third camera masked everywhere; ragged prompts."""
+    g = torch.Generator().manual_seed(seed)
+    s = cfg.vision.image_size
+    imgs = [torch.rand(b, 3, s, s, generator=g) * 2 - 1 for _ in range(3)]
+    masks = [torch.ones(b, dtype=torch.bool), torch.arange(b) == 0, torch.zeros(b, dtype=torch.bool)]
+    tokens = torch.randint(0, cfg.vocab_size, (b, cfg.max_token_len), generator=g)
+    tmask = torch.arange(cfg.max_token_len)[None] < torch.tensor(lengths)[:, None]
+    state = torch.randn(b, cfg.action_dim, generator=g)
+    noise = torch.randn(b, cfg.action_horizon, cfg.action_dim, generator=g)
+    return imgs, masks, tokens, tmask, state, noise
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _random_model()
+
+
+def test_trim_prompt_padding_hand_computed():
+    tok = torch.arange(10).reshape(2, 5)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    t, m = trim_prompt_padding(tok, mask)
+    assert t.tolist() == [[0, 1, 2], [5, 6, 7]] and m.tolist() == [[True, True, False], [True, True, True]]
+    holes = torch.tensor([[1, 0, 1, 0]], dtype=torch.bool)  # only trailing all-padding columns go
+    assert trim_prompt_padding(torch.zeros(1, 4), holes)[1].tolist() == [[True, False, True]]
+    assert trim_prompt_padding(torch.zeros(2, 4), torch.zeros(2, 4, dtype=torch.bool))[0].shape == (2, 1)
+    assert trim_prompt_padding(tok, mask, multiple=4)[1].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]  # 3 -> 4
+    assert trim_prompt_padding(tok, mask, multiple=16)[0].shape == (2, 5)  # never beyond L
+
+
+def test_euler_times_match_openpi_schedule():
+    ts = euler_times(10)
+    np.testing.assert_allclose(ts, [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1], atol=1e-6)
+    assert euler_times(1) == [1.0] and len(euler_times(3)) == 3
+    assert round_up(529, 16) == 544 and round_up(544, 16) == 544
+
+
+def test_fold_action_time_mlp_hand_computed():
+    w_in, b_in = torch.tensor([[1.0], [2.0]]), torch.tensor([0.5, -1.0])
+    w_mlp = torch.tensor([[1.0, 0.0, 3.0, 0.0], [0.0, 2.0, 0.0, 1.0]])
+    b_mlp = torch.tensor([0.1, 0.2])
+    w_x, w_t, bias = fold_action_time_mlp(w_in, b_in, w_mlp, b_mlp)
+    assert w_x.tolist() == [[1.0], [4.0]] and w_t.tolist() == [[3.0, 0.0], [0.0, 1.0]]
+    torch.testing.assert_close(bias, torch.tensor([0.6, -1.8]))
+    x, e = torch.tensor([[2.0]]), torch.tensor([[1.0, -1.0]])  # mlp_in([W_in x + b_in, e]) by hand: [5.6, 5.2]
+    torch.testing.assert_close(x @ w_x.T + e @ w_t.T + bias, torch.tensor([[5.6, 5.2]]))
+
+
+@pytest.mark.parametrize("trim,fuse,batch_cams", [(True, True, True), (True, False, False), (False, True, False),
+                                                  (False, False, True), (False, False, False)])
+def test_each_saving_matches_eager(model, trim, fuse, batch_cams):
+    inp = _inputs(model.cfg)
+    ref = model.sample_actions(*inp, num_steps=10)
+    fast = FastSampler(model, trim_prompt=trim, fuse_projections=fuse, batch_cameras=batch_cams)
+    out = fast(*inp, num_steps=10)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+    # The savings really happened: 2 live cameras (the all-masked one skipped) + 13 or 48 tokens + the state token.
+    [(_, cap, _, _)] = list(fast._buffers)  # key: (batch, capacity, device, dtype)
+    assert cap == round_up(2 * model.cfg.vision.num_patches + (13 if trim else 48) + 1, 16)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_sdpa_bf16_and_unequal_widths(attn):
+    m = _random_model(attn, paligemma=GemmaConfig(96, 2, 128, 4, 1, 16), action_expert=GemmaConfig(48, 2, 64, 4, 1, 16),
+                      action_horizon=8, action_dim=6)
+    inp = _inputs(m.cfg)
+    torch.testing.assert_close(FastSampler(m)(*inp, num_steps=4), m.sample_actions(*inp, num_steps=4),
+                               atol=ATOL, rtol=0)
+    bf = _random_model(attn, dtype="bfloat16")
+    inp = _inputs(bf.cfg)
+    ref = bf.sample_actions(*inp, num_steps=3)
+    out = FastSampler(bf)(*inp, num_steps=3)
+    assert (out - ref).abs().max() < 0.02 * ref.abs().max()  # bf16: different rounding order, same scale
+
+
+def test_static_buffers_reused_without_stale_keys(model):
+    fast = FastSampler(model, cache_bucket=128)
+    long_inp, short_inp = _inputs(model.cfg, lengths=(30, 40), seed=1), _inputs(model.cfg, lengths=(5, 3), seed=2)
+    for inp in (long_inp, short_inp, long_inp):  # same bucket: the short call runs on the long call's leftovers
+        torch.testing.assert_close(fast(*inp, num_steps=3), model.sample_actions(*inp, num_steps=3), atol=ATOL, rtol=0)
+    assert len(fast._buffers) == 1
+    one = _inputs(model.cfg, b=1, lengths=(9,))  # another batch size: its own buffers
+    torch.testing.assert_close(fast(*one, num_steps=3), model.sample_actions(*one, num_steps=3), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("compile_prefix", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_compiled_step_matches_eager(compile_prefix):
+    # backend="aot_eager" traces and runs the same graph as inductor minus C++ codegen: inductor on this CPU
+    # takes ~1 min to compile even the tiny config (see the slow test below and bench/sampling.py --compile).
+    small = GemmaConfig(32, 2, 64, 2, 1, 16)
+    model = _random_model(paligemma=small, action_expert=small)
+    fast = FastSampler(model, compile=True, backend="aot_eager", compile_prefix=compile_prefix)
+    inp = _inputs(model.cfg)
+    ref = model.sample_actions(*inp, num_steps=10)
+    torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)  # second call: no recompile drift
+
+
+@pytest.mark.slow
+def test_inductor_compiled_step_matches_eager():
+    small = GemmaConfig(32, 2, 64, 2, 1, 16)
+    model = _random_model(paligemma=small, action_expert=small)
+    fast = FastSampler(model, compile=True, backend="inductor")
+    inp = _inputs(model.cfg)
+    torch.testing.assert_close(fast(*inp, num_steps=10), model.sample_actions(*inp, num_steps=10), atol=ATOL, rtol=0)
+
+
+def test_weight_updates_are_picked_up(model):
+    m = copy.deepcopy(model)
+    fast = FastSampler(m)
+    inp = _inputs(m.cfg)
+    before = fast(*inp, num_steps=3)
+    with torch.no_grad():  # an optimizer step updates parameters in place
+        m.action_in_proj.weight.mul_(1.5)
+        m.action_time_mlp_in.bias.add_(0.3)
+    after = fast(*inp, num_steps=3)
+    assert not torch.allclose(after, before, atol=1e-3)
+    torch.testing.assert_close(after, m.sample_actions(*inp, num_steps=3), atol=ATOL, rtol=0)
+
+
+def test_cuda_graph_guard_on_cpu(model):
+    inp = _inputs(model.cfg)
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA model"):
+        FastSampler(model, cuda_graph=True)(*inp, num_steps=2)
+    auto = FastSampler(model)  # cuda_graph=None: skipped on CPU
+    auto(*inp, num_steps=2)
+    assert auto._graphs == {} and auto.graph_error is None
+    with pytest.raises(ValueError, match="noise must be"):
+        auto(*inp[:5], noise=torch.zeros(1, 2, 3))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        FastSampler(model, backend="tensorrt")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_graph_matches_eager(compile):
+    m = _random_model("sdpa").cuda()
+    inp = [[t.cuda() for t in x] if isinstance(x, list) else x.cuda() for x in _inputs(m.cfg)]
+    ref = m.sample_actions(*inp, num_steps=10)
+    fast = FastSampler(m, compile=compile, cuda_graph=True)
+    for seed in range(3):  # capture, then replays with fresh copy-in
+        noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed)).cuda()
+        out = fast(*inp[:5], noise=noise, num_steps=10)
+        assert fast.graph_error is None and len(fast._graphs) == 1
+        torch.testing.assert_close(out, m.sample_actions(*inp[:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
+
+
+def test_policy_option_and_deepcopy():
+    policy = tiny_policy(seed=3, num_steps=3)
+    obs = synthetic_observation(policy, batch_size=2)
+    noise = torch.randn(2, 50, 32, generator=torch.Generator().manual_seed(0))
+    eager = policy.predict_action_chunk(obs, noise=noise)
+    sampler = policy.enable_fast_sampling()
+    assert isinstance(sampler, FastSampler) and policy.model.fast_sampler is sampler
+    torch.testing.assert_close(policy.predict_action_chunk(obs, noise=noise), eager, atol=ATOL, rtol=0)
+    twin = copy.deepcopy(policy)  # e.g. RL's frozen old policy: its sampler must drive the copy, not the original
+    assert twin.model.fast_sampler is not sampler and twin.model.fast_sampler.model is twin.model
+    torch.testing.assert_close(twin.predict_action_chunk(obs, noise=noise), eager, atol=ATOL, rtol=0)
+    assert policy.enable_fast_sampling(False) is None
+    torch.testing.assert_close(policy.predict_action_chunk(obs, noise=noise), eager, atol=0, rtol=0)
+
+
+def test_fast_sampler_reproduces_openpi(converted_tiny, pi0_reference):
+    model = PI0Policy.from_pretrained(converted_tiny).model
+    inp = model_inputs(pi0_reference)
+    noise = torch.from_numpy(pi0_reference["noise"])
+    fast = FastSampler(model)(**inp, noise=noise, num_steps=int(pi0_reference["num_steps"]))
+    torch.testing.assert_close(fast, model.sample_actions(**inp, noise=noise, num_steps=10), atol=ATOL, rtol=0)
+    assert np.abs(fast.numpy() - pi0_reference["actions"]).max() < 1e-4
+
+
+def test_weight_bytes_hand_computed(model):
+    # Gemma "dummy" layer: q 64x128, k/v 64x16, o 128x64, MLP 3 x 64x128, two norms: 43,136 params; 4 layers
+    # + final norm = 172,608 float32 params. The expert is read once with the prefix and once per step.
+    parts = weight_bytes_per_call(model, num_steps=3, cameras=2)
+    assert parts["expert"] == 172_608 * 4 * (3 + 1)
+    assert parts["gemma_prefix"] == 172_608 * 4
+    # SigLIP mu/14 at 56 px: patch conv 3*14*14*32+32, 16 position rows x 32, two LayerNorms, q/k/v/o 4 x (32*32+32),
+    # MLP 32*128+128 + 128*32+32, post LayerNorm, projector 32*64+64; read once for all live cameras.
+    assert parts["siglip"] == 4 * (18_848 + 16 * 32 + 128 + 4 * 1_056 + 8_352 + 64 + 2_112)
+    assert parts["siglip"] == weight_bytes_per_call(model, num_steps=3, cameras=1)["siglip"]
+    assert weight_bytes_per_call(model, num_steps=3, cameras=0)["siglip"] == 0
+    assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
