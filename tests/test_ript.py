@@ -236,3 +236,39 @@ def test_one_rl_iteration_changes_parameters(arena_policy):
         assert any(not torch.equal(a, b) for a, b in zip(before, arena_policy.model.parameters()))
     finally:
         runner.close()
+
+
+# ----------------------------------------------------------------------------- stages 7 / 8 (one tiny iteration)
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["7_train_with_rl_core.py", "8_train_with_epochs.py"])
+def test_stage_runs_one_iteration_and_saves(script, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2),
+                            default_norm_stats(8, 7))
+    ckpt = pol.save_pretrained(tmp_path / "init")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, script, "--checkpoint", str(ckpt), "--iterations", "1", "--num_groups", "1",
+                        "--group_size", "2", "--max_steps", "6", "--eval_states", "1", "--num_envs", "2",
+                        "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "iter 1:" in r.stdout and (out / "checkpoints" / "iter_0001" / "model.safetensors").is_file()
+    loaded = PI0Policy.from_pretrained(out / "checkpoints" / "iter_0001")
+    assert loaded.config.model.optimality_condition
+    assert any((out / "tb").iterdir())
+    if script.startswith("8"):
+        assert json.loads((out / "history.json").read_text())["states"][0]["task_id"] == 4
+
+
+def test_stage_rejects_missing_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    r = subprocess.run([sys.executable, "8_train_with_epochs.py", "--checkpoint", str(tmp_path / "nope")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "does not exist" in r.stderr

@@ -32,7 +32,9 @@ from pi0.transforms import libero_client_obs
 class TinyArenaConfig:
     """A tiny pi0 for the arena (same architecture as pi0, small sizes)."""
 
-    image_size: int = 56  # SigLIP input (multiple of 14); the client resize follows it
+    image_size: int = 56  # SigLIP input (multiple of patch_size); the client resize follows it
+    patch_size: int = 14
+    vision_width: int = 32  # SigLIP width (mu: 32, 1 layer)
     depth: int = 2  # Gemma layers of both experts
     width: int = 64
     action_horizon: int = 10
@@ -45,7 +47,9 @@ class TinyArenaConfig:
 def tiny_arena_policy(cfg: TinyArenaConfig, norm_stats: NormStats) -> PI0Policy:
     """A randomly initialised tiny pi0 (2 cameras, 8-D state, 7-D actions, absolute arena actions)."""
     g = GemmaConfig(cfg.width, cfg.depth, 2 * cfg.width, 4, 1, 16)
-    mc = Pi0Config(paligemma=g, action_expert=g, vision=SiglipConfig.from_variant("mu/14", image_size=cfg.image_size),
+    vis = SiglipConfig(cfg.vision_width, 1, 4 * cfg.vision_width, 2, patch_size=cfg.patch_size,
+                       image_size=cfg.image_size, variant="custom")
+    mc = Pi0Config(paligemma=g, action_expert=g, vision=vis,
                    vocab_size=1024, action_horizon=cfg.action_horizon, num_cameras=2,
                    max_token_len=cfg.max_token_len)
     pc = PolicyConfig(model=mc, n_action_steps=cfg.n_action_steps, num_steps=cfg.num_steps, delta_action_dims=0,
