@@ -55,6 +55,7 @@ class Config:
     threads: int = 1  # torch threads (1 is fastest on a loaded 2-core machine: no spin-waiting)
     seed: int = 0
     out: str = "runs/bench_rl"
+    sft_baseline: bool = True  # run the continued-SFT baseline beside RL
     sft_only: bool = False  # internal: the continued-SFT baseline process (runs beside RL, same wall-clock)
 
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"before RL: held-out success {before:.3f}", flush=True)
     # continued SFT for the same wall-clock runs beside RL (same machine load), in its own process
     sft_proc = subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                                 "--sft_only"])
+                                 "--sft_only"]) if cfg.sft_baseline else None
 
     rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                   cfg_guidance=cfg.cfg_guidance, target=cfg.target, eval_every=cfg.eval_every, seed=cfg.seed,
@@ -123,9 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"after RL ({rl_seconds / 60:.1f} min): w={cfg.cfg_guidance} {after:.3f}; by w {by_w}", flush=True)
 
     runner.close()
-    if sft_proc.wait() != 0:
+    if sft_proc is not None and sft_proc.wait() != 0:
         raise RuntimeError("the continued-SFT baseline process failed")
-    sft_res = json.loads((out / "sft_baseline.json").read_text())
+    sft_res = json.loads((out / "sft_baseline.json").read_text()) if sft_proc else {"sft": -1.0, "minutes": 0.0}
     sft_rate = sft_res["sft"]
     print(f"continued SFT ({sft_res['minutes']:.1f} min, beside RL): {sft_rate:.3f}", flush=True)
     policy.save_pretrained(out / "rl_policy")

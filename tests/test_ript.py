@@ -168,6 +168,7 @@ def test_windows_use_each_decision_points_own_observation(arena_policy):
     assert [int(w["image"][0, 0, 0]) for w in ws] == [0, 10, 20]
     assert [float(w["state"][0]) for w in ws] == [0.0, 1.0, 2.0]
     assert [float(w["actions"][0, 0]) for w in ws] == [100.0, 101.0, 102.0]
+    assert ws[0]["action_mask"].sum(0).tolist() == [4.0] * 7 + [0.0] * 25  # env dims only, whole horizon
     assert all(w["label"] == 1.0 for w in ws) and ad.episode_windows(_episode(), 0.0)[0]["label"] == 0.0
 
 

@@ -94,7 +94,8 @@ class PI0_CFG_Adapter:
                                  "Pi0ChunkPolicy)")
             if self.target == "model_actions":
                 tgt = np.asarray(ex["model_actions"], np.float32)
-                mask = np.ones_like(tgt)
+                mask = np.zeros_like(tgt)  # only the env's action dims: the padded dims are never executed
+                mask[:, : self.policy.action_dim] = 1.0
             else:
                 tgt, mask = self._target(d.actions, d.valid, ex["state"])
             out.append(dict(image=ex["image"], wrist_image=ex["wrist_image"], state=np.asarray(ex["state"], np.float32),
