@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from pi0.modeling_pi0 import PI0Policy
-from pi0.rollout import RolloutRunner
+from pi0.envs import make_env_spec
+from pi0.rollout import RolloutRunner, libero_runner_config
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
-from pi0.ript.env.pi0_libero_runner import make_env_spec
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, cached_warm_start
 
 ENVS = ("arena", "libero")
@@ -42,8 +42,8 @@ def make_runner(env: str, suite: str, task_ids: Sequence[int], policy: PI0Policy
     if env == "arena":
         return arena_runner(num_envs, replan, max_steps=max_steps or None)
     os.environ.setdefault("MUJOCO_GL", "egl")
-    return RolloutRunner(make_env_spec("libero", suite, task_ids[0]), num_envs=num_envs, replan_steps=replan,
-                         max_steps=max_steps or None, step_timeout=300.0)
+    return RolloutRunner(make_env_spec("libero", suite, task_ids[0]), None,
+                         libero_runner_config(num_envs=num_envs, replan_steps=replan, max_steps=max_steps or None))
 
 
 def split_states(task_ids: Sequence[int], train: int, eval_start: int, eval_count: int

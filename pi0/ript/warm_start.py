@@ -21,10 +21,10 @@ from pi0.libero_policy import Pi0ChunkPolicy
 from pi0.modeling_pi0 import PI0Policy, PolicyConfig
 from pi0.normalize import NormStats, Stats
 from pi0.presets import default_cache_dir, tiny_tokenizer
-from pi0.rollout import ArenaExpertPolicy, Episode, RolloutRunner
+from pi0.envs import make_env_spec
+from pi0.rollout import ArenaExpertPolicy, Episode, RolloutRunner, RunnerConfig
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
-from pi0.ript.env.pi0_libero_runner import make_env_spec
 from pi0.transforms import libero_client_obs
 
 
@@ -61,7 +61,8 @@ def arena_runner(num_envs: int, replan_steps: int, resolution: int = 64, max_ste
                  num_init_states: int = 200) -> RolloutRunner:
     """In-process arena runner (the arena is cheap; one process keeps the policy batches large)."""
     spec = make_env_spec("arena", resolution=resolution, num_init_states=num_init_states)
-    return RolloutRunner(spec, num_envs=num_envs, replan_steps=replan_steps, use_subprocess=False, max_steps=max_steps)
+    return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, use_subprocess=False,
+                                                  max_steps=max_steps))
 
 
 def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int
