@@ -56,6 +56,7 @@ class Config:
     p_uncond: float = 0.3
     target: str = "model_actions"  # "model_actions" | "executed"
     advantage_weighting: bool = False
+    negative_weight: float = 1.0  # loss weight of A <= 0 windows (1 = plain CFGRL)
     num_envs: int = 16
     max_steps: int = 0
     save_every: int = 5
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     policy = load_policy(cfg.env, cfg.checkpoint, cfg.task_ids)
     rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                   cfg_guidance=cfg.cfg_guidance, target=cfg.target, advantage_weighting=cfg.advantage_weighting,
-                  dynamic_sampling=cfg.dynamic_sampling, max_collect_attempts=cfg.max_collect_attempts,
+                  negative_weight=cfg.negative_weight, dynamic_sampling=cfg.dynamic_sampling,
+                  max_collect_attempts=cfg.max_collect_attempts,
                   eval_every=cfg.eval_every, seed=cfg.seed,
                   opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
                                       grad_accum_steps=cfg.grad_accum_steps, max_grad_norm=cfg.max_grad_norm))

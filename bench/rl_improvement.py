@@ -47,6 +47,7 @@ class Config:
     cfg_guidance: float = 1.5
     p_uncond: float = 0.3
     target: str = "model_actions"
+    negative_weight: float = 1.0  # loss weight of A <= 0 windows (1 = plain CFGRL)
     lr: float = 1e-3
     epochs: int = 1
     minibatch_size: int = 32
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  "--sft_only"]) if cfg.sft_baseline else None
 
     rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
-                  cfg_guidance=cfg.cfg_guidance, target=cfg.target, eval_every=cfg.eval_every, seed=cfg.seed,
+                  cfg_guidance=cfg.cfg_guidance, target=cfg.target, negative_weight=cfg.negative_weight,
+                  eval_every=cfg.eval_every, seed=cfg.seed,
                   opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size))
     sampler = InitStateSampler({t: range(cfg.train_states) for t in cfg.task_ids}, seed=cfg.seed)
     trainer = RIPTTrainer(policy, runner, sampler, rl, eval_states=held_out)

@@ -273,3 +273,14 @@ def test_stage_rejects_missing_checkpoint(tmp_path):
     r = subprocess.run([sys.executable, "8_train_with_epochs.py", "--checkpoint", str(tmp_path / "nope")], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "does not exist" in r.stderr
+
+
+def test_negative_weight_scales_non_positive_windows(arena_policy):
+    enable_optimality_condition(arena_policy)
+    ws = PI0_CFG_Adapter(arena_policy).episode_windows(_episode(2), advantage=-0.5)
+    batch = PI0_CFG_Adapter(arena_policy).collate(ws)
+    full, _ = PI0_CFG_Adapter(arena_policy, negative_weight=1.0).loss(batch, torch.Generator().manual_seed(0))
+    zero, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.0).loss(batch, torch.Generator().manual_seed(0))
+    half, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.5).loss(batch, torch.Generator().manual_seed(0))
+    assert float(full.detach()) > 0 and float(zero.detach()) == 0.0
+    torch.testing.assert_close(half, full / 2)

@@ -37,6 +37,7 @@ class RLConfig:
     cfg_guidance: float = 1.0  # w used to collect and evaluate
     target: str = "model_actions"  # "model_actions" | "executed"
     advantage_weighting: bool = False
+    negative_weight: float = 1.0  # loss weight of windows with A <= 0 (1 = CFGRL: they train the reference)
     dynamic_sampling: bool = True
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
     eval_every: int = 1  # 0 = never
@@ -69,7 +70,8 @@ class RIPTTrainer:
         if not policy.config.model.optimality_condition:
             enable_optimality_condition(policy)
         policy.config.cfg_guidance = float(cfg.cfg_guidance)
-        self.adapter = PI0_CFG_Adapter(policy, cfg.target, cfg.p_uncond, cfg.advantage_weighting)
+        self.adapter = PI0_CFG_Adapter(policy, cfg.target, cfg.p_uncond, cfg.advantage_weighting,
+                                       cfg.negative_weight)
         self.optimizer = RLOptimizerPI0_CFG(self.adapter, cfg.opt, seed=cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.rollouts = RolloutGenerator(runner, Pi0ChunkPolicy(policy, self.generator), sampler, cfg.group_size,

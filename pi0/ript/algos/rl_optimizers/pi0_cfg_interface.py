@@ -63,7 +63,7 @@ class PI0_CFG_Adapter:
     """Turns episodes (with ``Pi0ChunkPolicy`` extras) and expert demos into windows, batches and losses."""
 
     def __init__(self, policy: PI0Policy, target: str = "model_actions", p_uncond: float = 0.3,
-                 advantage_weighting: bool = False):
+                 advantage_weighting: bool = False, negative_weight: float = 1.0):
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         if not 0.0 <= p_uncond <= 1.0:
@@ -72,6 +72,7 @@ class PI0_CFG_Adapter:
         self.target = target
         self.p_uncond = float(p_uncond)
         self.advantage_weighting = advantage_weighting
+        self.negative_weight = float(negative_weight)  # loss weight of non-positive windows (1 = plain CFGRL)
 
     # ------------------------------------------------------------------ windows
     def _target(self, actions: np.ndarray, valid: np.ndarray, model_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,6 +161,8 @@ class PI0_CFG_Adapter:
         if self.advantage_weighting and cond is not None and bool((is_c > 0).any()):
             adv = batch["advantage"].clamp_min(0)
             weights = torch.where(is_c > 0, adv / adv[is_c > 0].mean().clamp_min(1e-6), weights)
+        if self.negative_weight != 1.0:
+            weights = torch.where(labels > 0, weights, torch.full_like(weights, self.negative_weight))
         loss = (per * weights).mean()
         stats = {"loss": float(loss.detach()), "frac_cond": float(is_c.mean())}
         for name, m in (("loss_cond", is_c > 0), ("loss_uncond", is_c <= 0)):
