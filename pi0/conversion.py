@@ -239,22 +239,23 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
                        delta_action_dims: int | None = None, **config_overrides: Any) -> Path:
     """Convert ``<ckpt>/params`` into a ``PI0Policy`` directory; every input is checked before heavy work."""
     from pi0.modeling_pi0 import PI0Model, PI0Policy, PolicyConfig  # local import: avoid a cycle
+    from pi0.errors import MissingPathError, PathExistsError
     from pi0.normalize import load_norm_stats
     from pi0.tokenizer import PaligemmaTokenizer, build_tokenizer_model
 
     params_dir = Path(checkpoint_dir)
     if not params_dir.exists():
-        raise FileNotFoundError(f"--checkpoint_dir {params_dir} does not exist (expected openpi's <ckpt>/params)")
+        raise MissingPathError(f"--checkpoint_dir {params_dir} does not exist (expected openpi's <ckpt>/params)")
     output_path = Path(output_path)
     if output_path.exists() and any(output_path.iterdir()) and not (output_path / "config.json").is_file():
-        raise FileExistsError(f"--output_path {output_path} exists and is not a policy directory; choose a new path")
+        raise PathExistsError(f"--output_path {output_path} exists and is not a policy directory; choose a new path")
     ns_path = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
     if ns_path is None:
-        raise FileNotFoundError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
+        raise MissingPathError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
                                 f"pass --norm_stats PATH")
     stats = load_norm_stats(ns_path)
     if tokenizer is not None and not Path(tokenizer).is_file():
-        raise FileNotFoundError(f"--tokenizer {tokenizer} does not exist")
+        raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
     if delta_action_dims is None:
         asset_id = "/".join(ns_path.resolve().parent.parts[-2:])
         if asset_id in DELTA_ACTION_DIMS_BY_ASSET:
