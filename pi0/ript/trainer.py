@@ -99,7 +99,7 @@ class RIPTTrainer:
         self.policy.eval()
         col = self.rollouts.collect(cfg.num_groups)
         windows = collection_windows(self.adapter, col)
-        upd = self.optimizer.step(windows) if windows else {"steps": 0.0, "skipped_steps": 0.0, "update_time": 0.0}
+        upd = self.optimizer.step(windows)  # also with no windows: a distributed optimizer must join collectives
         self.iteration += 1
         adv = np.concatenate([g.advantages for g in col.groups]) if col.groups else np.zeros(1)
         st = {"rollout/success_rate": col.success_rate, "rollout/frac_groups_kept": col.frac_kept,
