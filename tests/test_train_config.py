@@ -152,3 +152,15 @@ def test_no_deadlock_when_one_rank_has_no_groups():
     assert len(steps) == 2 and "windows 0" in steps[1], out
     n0, n1 = (int(s.split("steps ")[1].split()[0]) for s in steps)
     assert n0 == n1 > 0 and all("params_equal True" in s for s in steps)
+
+
+def test_system_check_reports_pass_and_fix(tmp_path):
+    ok = subprocess.run([sys.executable, "quick_single_gpu_test.py", "--config_path", "debug_train_pi0",
+                         "--skip_rollout", f"logging.out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0 and "6/6 checks passed" in ok.stdout, ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "quick_single_gpu_test.py", "--config_path", "debug_train_pi0",
+                          f"task.checkpoint={tmp_path}", "device=cuda:7" if not torch.cuda.is_available() else
+                          "device=cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "[FAIL] checkpoint" in bad.stdout and "fix: convert weights" in bad.stdout
+    assert "[FAIL] rollout+update  skipped" in bad.stdout
