@@ -165,9 +165,9 @@ def plot_curve(curve: list[dict[str, float]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    its = [c["iteration"] for c in curve]
+    roll = [c for c in curve if "success_rate" in c]
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(its, [c["success_rate"] for c in curve], "o-", label="rollout success")
+    ax.plot([c["iteration"] for c in roll], [c["success_rate"] for c in roll], "o-", label="rollout success")
     if any("eval_success_rate" in c for c in curve):
         ax.plot([c["iteration"] for c in curve if "eval_success_rate" in c],
                 [c["eval_success_rate"] for c in curve if "eval_success_rate" in c], "s-", label="held-out success")
@@ -227,7 +227,13 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
         if info.is_main:
             from torch.utils.tensorboard import SummaryWriter
             writer = SummaryWriter(str(run_dir / "tb"))
-        curve = [c for c in trainer.curve if "success_rate" in c]
+        curve = [c for c in trainer.curve if "rollouts" in c or c.get("iteration") == 0.0]
+        if not ckpt and trainer.cfg.eval_every and cfg.task.eval_states:  # the starting point of the curve
+            ev, n = sync.weighted_mean(trainer.evaluate() if trainer.eval_states else 0.0,
+                                       len(trainer.eval_states) * trainer.cfg.eval_repeats)
+            curve = [{"iteration": 0.0, "eval_success_rate": ev}]
+            if info.is_main:
+                print(f"iter 0: held-out success {ev:.2f} ({int(n)} episodes, before RL)", flush=True)
         trainer.curve = curve
         bar = None
         if info.is_main and cfg.logging.progress:
@@ -245,17 +251,17 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             g = global_stats(st, trainer, sync)
             g["iteration"] = float(it)
             g["lr"] = sched.get_last_lr()[0]
-            trainer.curve = curve = curve[: it - 1] + [g]
+            trainer.curve = curve = [c for c in curve if c["iteration"] < it] + [g]
             if counter is not None and info.is_main and isinstance(counter, FileGlobalCounter):
                 counter.cleanup()  # every rank finished collecting: the update's all-reduces came after
             if info.is_main:
                 for k, v in g.items():
                     if k != "iteration":
                         writer.add_scalar(k, v, it)
+                held = f"{g['eval_success_rate']:.2f}" if "eval_success_rate" in g else "-"
                 msg = (f"iter {it}: success {g['success_rate']:.2f} ({int(g['rollouts'])} rollouts), kept groups "
-                       f"{int(g['kept_groups'])} ({g['frac_groups_kept']:.2f}), held-out "
-                       f"{g.get('eval_success_rate', float('nan')):.2f}, steps {int(g['steps'])}, "
-                       f"rollout {g['rollout_s']:.1f}s update {g['update_s']:.1f}s")
+                       f"{int(g['kept_groups'])} ({g['frac_groups_kept']:.2f}), held-out {held}, "
+                       f"steps {int(g['steps'])}, rollout {g['rollout_s']:.1f}s update {g['update_s']:.1f}s")
                 (bar.write if bar else print)(msg)
                 if bar:
                     bar.update(1)
