@@ -164,3 +164,30 @@ def test_system_check_reports_pass_and_fix(tmp_path):
                           "device=cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "[FAIL] checkpoint" in bad.stdout and "fix: convert weights" in bad.stdout
     assert "[FAIL] rollout+update  skipped" in bad.stdout
+
+
+def test_flags_save_video_and_no_resume_state(tmp_path):
+    from pi0.ript.utils.train_loop import train
+    train(load_config("debug_train_pi0", TINY + [f"logging.out_dir={tmp_path}", "algo.iterations=1",
+                                                 "features.save_video=true", "logging.num_videos=1",
+                                                 "features.save_resume_state=false"]))
+    run = tmp_path / "debug_train_pi0"
+    assert len(list((run / "videos").glob("*.mp4"))) == 1
+    assert not (run / "checkpoints").exists() and (run / "final" / "model.safetensors").is_file()
+    assert (run / "success.png").is_file() and list((run / "tb").iterdir())
+
+
+def test_global_counter_stops_collection_once_all_ranks_have_enough(tmp_path):
+    from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
+    from pi0.ript.init_states import InitStateSampler
+    from pi0.ript.utils.train_loop import CountedRolloutGenerator
+
+    class NoRunner:
+        def run(self, *a, **k):
+            raise AssertionError("collection should not start: the other ranks already kept enough groups")
+
+    gen = CountedRolloutGenerator(NoRunner(), None, InitStateSampler({0: [0, 1]}), group_size=2)
+    gen.counter, gen.global_target = FileGlobalCounter(tmp_path / "c"), 4
+    gen.counter.update(4)
+    col = gen.collect(2)
+    assert (len(col.groups), col.attempts, col.num_groups) == (0, 0, 0)
