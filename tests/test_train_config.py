@@ -137,7 +137,8 @@ def _torchrun(script, *args, timeout=240):
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["10_train_with_distributed.py", "11_train_ript_vla_style.py"])
 def test_torchrun_two_gloo_ranks_one_iteration(tmp_path, script):
-    extra = ["features.enable_parallel_envs=true", "features.use_ript_vla_runner=true"] if script.startswith("11") else []
+    extra = (["features.enable_parallel_envs=true", "features.use_ript_vla_runner=true"] if script.startswith("11")
+             else ["distributed.counter=store"])  # stage 10 here: the c10d store counter (multi-node path)
     out = _torchrun(script, "--config_path", "debug_distributed_train", *TINY, *extra, f"logging.out_dir={tmp_path}",
                     "algo.iterations=1")
     assert "iter 1: success" in out and out.count("iter 1: success") == 1  # logged on rank 0 only
