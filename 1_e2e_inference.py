@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pi0.errors import require_path, run_cli
 from pi0.modeling_pi0 import PI0Policy
 from pi0.presets import synthetic_observation, tiny_policy
 from pi0.utils.cli import parse_config
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     t0 = time.perf_counter()
     overrides = {"num_steps": cfg.num_steps} | ({"dtype": cfg.dtype} if cfg.dtype else {})
     if cfg.checkpoint:
+        require_path(cfg.checkpoint, "checkpoint", "give a directory written by convert_pi0_to_hf_lerobot.py", True)
         policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides)
     else:
         policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps, dtype=cfg.dtype or "float32").to(cfg.device)
@@ -65,4 +67,4 @@ def main(argv: list[str] | None = None) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

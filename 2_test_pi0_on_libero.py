@@ -24,6 +24,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import torch  # noqa: E402
 
 from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
+from pi0.errors import require_path, run_cli  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     ev = EvalConfig(**{f.name: getattr(cfg, f.name) for f in fields(EvalConfig)})
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     tasks = [t for t, _, _ in check_tasks(ev.suite, ev.task_ids, ev.num_trials)]  # fail fast, before loading
+    if cfg.checkpoint:
+        require_path(cfg.checkpoint, "checkpoint", "give a directory written by convert_pi0_to_hf_lerobot.py", True)
     if world > 1:  # each rank evaluates every world-th task
         ev.task_ids, ev.out_dir = tasks[rank::world], f"{ev.out_dir}/rank{rank}"
         if not ev.task_ids:
@@ -67,4 +70,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -33,8 +33,10 @@ $(SYSSTAMP): | $(VENV)/bin/python
 	fi
 	touch $@
 
+# The main job: stage 11's default preset trains a tiny warm-started pi0 on the arena (CPU, a few minutes)
+# -> runs/stage11_ript_vla/ (TensorBoard, success.png, videos, checkpoints, config.yaml). Overrides: RUN_ARGS="k=v ..."
 run: install
-	$(VPY) 1_e2e_inference.py
+	$(VPY) 11_train_ript_vla_style.py $(RUN_ARGS)
 
 test: install
 	$(VPY) -m pytest -q -ra tests

@@ -19,6 +19,7 @@ import logging
 import time
 
 from pi0.conversion import convert_checkpoint
+from pi0.errors import run_cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,4 +55,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -126,6 +126,9 @@ class Pi0Config:
     # "sdpa": torch scaled_dot_product_attention (fused; 2x faster on CPU, same results to ~1e-6);
     # "eager": openpi's attention written out (float32 logits, BIG_NEG mask, float32 softmax).
     attn_implementation: str = "sdpa"
+    # RL (CFG-style advantage conditioning): a learned, zero-initialised "optimality" embedding added to the
+    # state token of the suffix. Off by default, so converted checkpoints load strictly and compute as before.
+    optimality_condition: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -23,6 +23,7 @@ import torch
 
 from pi0.checkpoint_io import SafetensorsWriter
 from pi0.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, Pi0Config, SiglipConfig
+from pi0.errors import MissingPathError, PathExistsError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,11 @@ def _resolve_params_dir(params_dir: str | Path) -> Path:
     """openpi's ``<ckpt>/params`` (or ``<ckpt>``) -> the orbax directory holding _METADATA."""
     params_dir = Path(params_dir)
     if not params_dir.is_dir():
-        raise FileNotFoundError(f"openpi params directory {params_dir} does not exist (pass <ckpt>/params)")
+        raise MissingPathError(f"openpi params directory {params_dir} does not exist (pass <ckpt>/params)")
     if not (params_dir / "_METADATA").exists() and (params_dir / "params" / "_METADATA").exists():
         params_dir = params_dir / "params"
     if not (params_dir / "_METADATA").exists():
-        raise FileNotFoundError(f"{params_dir} is not an orbax checkpoint (no _METADATA); pass <ckpt>/params")
+        raise MissingPathError(f"{params_dir} is not an orbax checkpoint (no _METADATA); pass <ckpt>/params")
     return params_dir.resolve()
 
 
@@ -377,13 +378,13 @@ def resolve_delta_action_dims(ns_path: Path, delta_action_dims: int | None) -> i
     asset_id = "/".join(parts[len(parts) - parts[::-1].index("assets"):] if "assets" in parts else parts[-2:])
     if delta_action_dims is not None:
         if delta_action_dims < 0:
-            raise ValueError(f"--delta_action_dims must be >= 0, got {delta_action_dims}. {DELTA_ACTION_HELP}")
+            raise UserError(f"--delta_action_dims must be >= 0, got {delta_action_dims}. {DELTA_ACTION_HELP}")
         return delta_action_dims
     if asset_id in DELTA_ACTION_DIMS_BY_ASSET:
         n = DELTA_ACTION_DIMS_BY_ASSET[asset_id]
         log.info("asset %s: the policy predicts deltas on the first %d action dims", asset_id, n)
         return n
-    raise ValueError(f"norm stats {ns_path} belong to asset id {asset_id!r}, for which this converter does not know "
+    raise UserError(f"norm stats {ns_path} belong to asset id {asset_id!r}, for which this converter does not know "
                      f"whether actions are deltas; pass --delta_action_dims N. {DELTA_ACTION_HELP}")
 
 
@@ -397,17 +398,17 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
 
     params_dir = Path(checkpoint_dir)
     if not params_dir.exists():
-        raise FileNotFoundError(f"--checkpoint_dir {params_dir} does not exist (expected openpi's <ckpt>/params)")
+        raise MissingPathError(f"--checkpoint_dir {params_dir} does not exist (expected openpi's <ckpt>/params)")
     output_path = Path(output_path)
     if output_path.exists() and any(output_path.iterdir()) and not (output_path / "config.json").is_file():
-        raise FileExistsError(f"--output_path {output_path} exists and is not a policy directory; choose a new path")
+        raise PathExistsError(f"--output_path {output_path} exists and is not a policy directory; choose a new path")
     ns_path = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
     if ns_path is None:
-        raise FileNotFoundError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
-                                f"pass --norm_stats PATH")
+        raise MissingPathError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
+                               f"pass --norm_stats PATH")
     stats = load_norm_stats(ns_path)
     if tokenizer is not None and not Path(tokenizer).is_file():
-        raise FileNotFoundError(f"--tokenizer {tokenizer} does not exist")
+        raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
     delta_action_dims = resolve_delta_action_dims(ns_path, delta_action_dims)
     src = OrbaxParams(params_dir)  # metadata only
     cfg = infer_config(src.shape_view(), dtype=dtype, **config_overrides)

@@ -21,6 +21,7 @@ import torch
 
 from pi0.debug import write_debug_session
 from pi0.envs.conventions import SUITE_MAX_STEPS, EnvSpec, libero_env_spec
+from pi0.errors import UserError
 from pi0.envs.libero_env import libero_task_info
 from pi0.libero_policy import Pi0ChunkPolicy
 from pi0.modeling_pi0 import PI0Policy
@@ -58,10 +59,10 @@ def check_tasks(suite: str, task_ids: list[int] | None, num_trials: int) -> list
     ids = list(valid) if task_ids is None else list(task_ids)
     bad = [t for t in ids if t not in valid]
     if bad:
-        raise ValueError(f"unknown task id(s) {bad} for {suite}; valid task ids are 0..{len(infos) - 1}")
+        raise UserError(f"unknown task id(s) {bad} for {suite}; valid task ids are 0..{len(infos) - 1}")
     short = [t for t in ids if valid[t][2] < num_trials]
     if short:
-        raise ValueError(f"num_trials={num_trials} exceeds the init states of task(s) {short} "
+        raise UserError(f"num_trials={num_trials} exceeds the init states of task(s) {short} "
                          f"({[valid[t][2] for t in short]})")
     return [valid[t] for t in ids]
 

@@ -55,3 +55,8 @@ def euler_integrate(velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
         x = x + dt * v
         t = t + dt
     return x
+
+
+def cfg_combine(v_uncond: torch.Tensor, v_cond: torch.Tensor, w: float) -> torch.Tensor:
+    """Guided velocity (B,H,A): v_u + w * (v_c - v_u) (as in CFGRL / classifier-free guidance)."""
+    return v_uncond + w * (v_cond - v_uncond)

@@ -19,18 +19,20 @@ from pi0.transforms import libero_client_obs
 
 
 def construct_pi0_observation(env_obs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-                              prompt: str | Sequence[str]) -> tuple[Observation, dict[str, np.ndarray]]:
+                              prompt: str | Sequence[str], size: int = 224
+                              ) -> tuple[Observation, dict[str, np.ndarray]]:
     """Raw LIBERO obs (one dict or a list of B) + prompt(s) -> (PI0Policy observation, client arrays).
 
     as in openpi examples/libero/main.py + LiberoInputs: base_0_rgb = agentview, left_wrist_0_rgb =
     wrist camera, right wrist absent (zero image, mask False); state stays float64 until normalized.
-    The client arrays are image/wrist_image (B,224,224,3) uint8 and state (B,8) float64.
+    The client arrays are image/wrist_image (B,size,size,3) uint8 and state (B,8) float64; ``size`` is the
+    model's image size (224 for pi0; smaller for tiny models).
     """
     obs_list = [env_obs] if isinstance(env_obs, Mapping) else list(env_obs)
     prompts = [prompt] * len(obs_list) if isinstance(prompt, str) else list(prompt)
     if len(prompts) != len(obs_list):
         raise ValueError(f"{len(prompts)} prompts for {len(obs_list)} observations")
-    client = [libero_client_obs(o) for o in obs_list]
+    client = [libero_client_obs(o, size) for o in obs_list]
     arrays = {k: np.stack([c[k] for c in client]) for k in ("image", "wrist_image", "state")}
     chw = lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))  # noqa: E731
     observation: Observation = {
@@ -44,7 +46,7 @@ def construct_pi0_observation(env_obs: Mapping[str, Any] | Sequence[Mapping[str,
 def predict_libero_action_chunk(policy: PI0Policy, env_obs: Mapping[str, Any], prompt: str,
                                 noise: np.ndarray | torch.Tensor | None = None) -> np.ndarray:
     """One raw LIBERO observation + prompt (+ (H, 32) flow noise) -> (H, 7) float64 env actions."""
-    observation, _ = construct_pi0_observation(env_obs, prompt)
+    observation, _ = construct_pi0_observation(env_obs, prompt, policy.config.model.vision.image_size)
     if noise is not None:
         noise = torch.as_tensor(noise, dtype=torch.float32)[None]
     return policy.predict_action_chunk_with_info(observation, noise)["actions_f64"][0].numpy()
@@ -63,8 +65,8 @@ class Pi0ChunkPolicy:
 
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
         """n raw observations -> PolicyOutput(actions (n, H, 7), extras)."""
-        observation, arrays = construct_pi0_observation(obs, prompts)
         cfg = self.policy.config.model
+        observation, arrays = construct_pi0_observation(obs, prompts, cfg.vision.image_size)
         noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator)
         out = self.policy.predict_action_chunk_with_info(observation, noise)
         extras = {"image": arrays["image"], "wrist_image": arrays["wrist_image"], "state_raw": arrays["state"],

@@ -14,7 +14,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from pi0 import checkpoint_io
 from pi0.attention import make_attn_mask, make_positions
 from pi0.config import CAMERA_KEYS, Pi0Config, check_keys
 from pi0.fast_sampler import FastSampler
-from pi0.flow import euler_integrate, flow_matching_pair, posemb_sincos, sample_time
+from pi0.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 from pi0.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 from pi0.tokenizer import PaligemmaTokenizer
@@ -33,7 +33,8 @@ from pi0.tokenizer import PaligemmaTokenizer
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
 # and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
 _FP32_PARAM_MARKERS = ("layernorm", "layer_norm", ".norm.", "patch_embedding", "position_embedding")
-_FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.")
+_FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.",
+               "optimality_embedding")
 
 
 def _is_fp32_param(name: str) -> bool:
@@ -62,7 +63,17 @@ class PI0Model(nn.Module):
         self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
         self.fast_sampler: FastSampler | None = None  # see enable_fast_sampling
+        if cfg.optimality_condition:
+            self.optimality_embedding = nn.Parameter(torch.zeros(w))
         self.apply_precision()
+
+    def enable_optimality_condition(self) -> "PI0Model":
+        """Add the zero-initialised optimality embedding (W,) (CFG-style RL); outputs are unchanged until trained."""
+        if not self.cfg.optimality_condition:
+            self.cfg = dataclasses.replace(self.cfg, optimality_condition=True)
+            ref = self.state_proj.weight
+            self.optimality_embedding = nn.Parameter(torch.zeros(ref.shape[0], dtype=torch.float32, device=ref.device))
+        return self
 
     # ------------------------------------------------------------------ precision
     def apply_precision(self) -> "PI0Model":
@@ -117,16 +128,21 @@ class PI0Model(nn.Module):
         ar = torch.zeros(emb.shape[1], dtype=torch.bool, device=emb.device)
         return emb, pad, ar
 
-    def embed_suffix(self, state: torch.Tensor, noisy_actions: torch.Tensor, time: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """state (B,S), x_t (B,H,A), t (B,) -> embs (B,1+H,W), pad (B,1+H), ar (1+H,).
+    def embed_suffix(self, state: torch.Tensor, noisy_actions: torch.Tensor, time: torch.Tensor,
+                     condition: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """state (B,S), x_t (B,H,A), t (B,), condition (B,) in {0,1} -> embs (B,1+H,W), pad (B,1+H), ar (1+H,).
 
         as in openpi pi0.py embed_suffix: one state token, then H action tokens made of
         action_in_proj(x_t) ++ posemb(t) -> mlp_in -> swish -> mlp_out. ar = [True, True, False...]:
-        the state token and the action block each start a new block.
+        the state token and the action block each start a new block. With ``cfg.optimality_condition``
+        (after CFGRL, Frans et al. 2025) ``condition * optimality_embedding`` is added to the state token;
+        ``condition=None`` means unconditioned (0).
         """
         b, h, _ = noisy_actions.shape
         state_tok = self._linear(self.state_proj, state)[:, None]  # (B, 1, W)
+        if condition is not None and self.cfg.optimality_condition:
+            cond = condition.to(state_tok.dtype)[:, None, None]  # (B, 1, 1)
+            state_tok = state_tok + cond * self.optimality_embedding.to(state_tok.dtype)
         act = self._linear(self.action_in_proj, noisy_actions)  # (B, H, W)
         t_emb = posemb_sincos(time, act.shape[-1]).to(act.dtype)[:, None].expand(-1, h, -1)  # (B, H, W)
         x = self._linear(self.action_time_mlp_in, torch.cat([act, t_emb], -1))
@@ -145,8 +161,9 @@ class PI0Model(nn.Module):
     # ------------------------------------------------------------------ training loss
     def forward(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                 lang_masks: torch.Tensor, state: torch.Tensor, actions: torch.Tensor,
-                noise: torch.Tensor | None = None, time: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-element flow-matching loss (B, H, A) = (v_theta(x_t, t) - (noise - actions))^2.
+                noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
+                condition: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-element flow-matching loss (B, H, A) = (v_theta(x_t, t | condition (B,)) - (noise - actions))^2.
 
         as in openpi pi0.py compute_loss (without the final mean over action dims).
         """
@@ -156,15 +173,15 @@ class PI0Model(nn.Module):
         if time is None:
             time = sample_time(b, device=actions.device)
         x_t, u_t = flow_matching_pair(actions.float(), noise.float(), time.float())
-        v_t = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x_t, time)
+        v_t = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x_t, time, condition)
         return (v_t - u_t) ** 2
 
     def predict_velocity(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-                         lang_masks: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, time: torch.Tensor
-                         ) -> torch.Tensor:
-        """v_theta(x_t, t) (B, H, A) from one joint pass over prefix + suffix (the training-time path)."""
+                         lang_masks: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, time: torch.Tensor,
+                         condition: torch.Tensor | None = None) -> torch.Tensor:
+        """v_theta(x_t, t | condition (B,)) (B, H, A) from one joint pass over prefix + suffix (training path)."""
         p_emb, p_pad, p_ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
-        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time)
+        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time, condition)
         pad = torch.cat([p_pad, s_pad], 1)
         mask = make_attn_mask(pad, torch.cat([p_ar, s_ar]))
         (_, s_out), _ = self.paligemma_with_expert([p_emb, s_emb], mask, make_positions(pad))
@@ -181,13 +198,13 @@ class PI0Model(nn.Module):
         return cache, pad
 
     def denoise_step(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor,
-                     time: torch.Tensor) -> torch.Tensor:
-        """One velocity evaluation on a cached prefix: x_t (B,H,A), t (B,) -> v_t (B,H,A).
+                     time: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """One velocity evaluation on a cached prefix: x_t (B,H,A), t (B,), condition (B,) -> v_t (B,H,A).
 
         as in openpi pi0.py sample_actions step(): suffix queries see every valid prefix key plus
         the suffix block mask; suffix positions continue from sum(prefix_mask).
         """
-        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time)
+        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time, condition)
         t_s = s_emb.shape[1]
         prefix_part = prefix_pad[:, None, :].expand(-1, t_s, -1)  # (B, Ts, Tp)
         mask = torch.cat([prefix_part, make_attn_mask(s_pad, s_ar)], -1)  # (B, Ts, Tp + Ts)
@@ -198,19 +215,46 @@ class PI0Model(nn.Module):
     @torch.no_grad()
     def sample_actions(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                        lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor | None = None,
-                       num_steps: int = 10) -> torch.Tensor:
+                       num_steps: int = 10, guidance: float | None = None) -> torch.Tensor:
         """Denoise from ``noise`` (B,H,A) (default N(0,1)) with ``num_steps`` Euler steps -> actions (B,H,A).
 
-        The prefix runs once; its per-layer keys/values are reused by every Euler step.
+        The prefix runs once; its per-layer keys/values are reused by every Euler step. ``guidance`` w (needs
+        ``cfg.optimality_condition``): v = v_uncond + w (v_cond - v_uncond); None = unconditioned.
         """
-        if self.fast_sampler is not None:  # same numbers, fewer FLOPs (tests/test_fast_sampler.py)
+        if self.fast_sampler is not None and guidance is None:  # same numbers, fewer FLOPs (test_fast_sampler.py)
             return self.fast_sampler.sample_actions(images, img_masks, lang_tokens, lang_masks, state, noise, num_steps)
         b = state.shape[0]
         if noise is None:
             noise = torch.randn(b, self.cfg.action_horizon, self.cfg.action_dim, device=state.device)
         kv_cache, prefix_pad = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
-        return euler_integrate(lambda x, t: self.denoise_step(kv_cache, prefix_pad, state, x, t),
-                               noise.float(), num_steps)
+        if guidance is None:
+            velocity = lambda x, t: self.denoise_step(kv_cache, prefix_pad, state, x, t)  # noqa: E731
+        else:
+            velocity = self.guided_velocity_fn(kv_cache, prefix_pad, state, float(guidance))
+        return euler_integrate(velocity, noise.float(), num_steps)
+
+    def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
+                           ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """(x_t (B,H,A), t (B,)) -> guided velocity (B,H,A) on a shared prefix cache (CFG-style RL).
+
+        as in CFGRL (Frans et al. 2025): v = v_u + w (v_c - v_u). w=0 and w=1 need one pass (uncond / cond);
+        otherwise both branches run in ONE batched pass with the prefix cache repeated along the batch.
+        """
+        if not self.cfg.optimality_condition:
+            raise ValueError("guided sampling needs a model with optimality_condition=True "
+                             "(enable it with PI0Model.enable_optimality_condition() and train it)")
+        b = state.shape[0]
+        if w in (0.0, 1.0):
+            cond = torch.full((b,), w, device=state.device)
+            return lambda x, t: self.denoise_step(kv_cache, prefix_pad, state, x, t, cond)
+        cache2 = [(k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1)) for k, v in kv_cache]
+        pad2, state2 = prefix_pad.repeat(2, 1), state.repeat(2, 1)
+        cond2 = torch.cat([torch.zeros(b, device=state.device), torch.ones(b, device=state.device)])
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            v = self.denoise_step(cache2, pad2, state2, x.repeat(2, 1, 1), t.repeat(2), cond2)
+            return cfg_combine(v[:b], v[b:], w)
+        return velocity
 
     def enable_fast_sampling(self, enabled: bool = True, **options: Any) -> FastSampler | None:
         """Route ``sample_actions`` through ``pi0.fast_sampler.FastSampler(self, **options)`` (e.g. compile=True,
@@ -240,6 +284,9 @@ class PolicyConfig:
     # Leading action dims predicted as deltas w.r.t. the raw state (openpi pi0_libero: 6).
     delta_action_dims: int = 0
     image_keys: tuple[str, ...] = CAMERA_KEYS
+    # CFG-style RL: guidance weight w used when the model has the optimality condition (0 = reference
+    # policy, 1 = conditioned policy, >1 = guided further; see PI0Model.guided_velocity_fn).
+    cfg_guidance: float = 1.0
 
     def __post_init__(self) -> None:
         if self.normalization not in MODES:
@@ -388,8 +435,10 @@ class PI0Policy(nn.Module):
             raise ValueError(f"noise must be {shape}, got {tuple(noise.shape)}")
         was_training = self.model.training
         self.model.eval()
+        guidance = self.config.cfg_guidance if self.config.model.optimality_condition else None
         model_actions = self.model.sample_actions(inp["images"], inp["img_masks"], inp["lang_tokens"],
-                                                  inp["lang_masks"], inp["state"], noise, self.config.num_steps)
+                                                  inp["lang_masks"], inp["state"], noise, self.config.num_steps,
+                                                  guidance=guidance)
         self.model.train(was_training)
         actions = self.postprocess_actions(model_actions, inp["state"])
         return dict(actions=actions.to(torch.float32), actions_f64=actions, model_actions=model_actions,

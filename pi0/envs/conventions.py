@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pi0.errors import UserError
 from pi0.transforms import rotate_180
 
 __all__ = [
@@ -65,7 +66,7 @@ ARENA_GYM_ID = "arena-v0"
 def check_libero_suite(suite: str) -> None:
     """Raise ValueError naming the valid suites unless ``suite`` is one of them."""
     if suite not in LIBERO_SUITE_TABLE:
-        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(LIBERO_SUITES)}")
+        raise UserError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(LIBERO_SUITES)}")
 
 
 @dataclass
@@ -108,5 +109,5 @@ def make_env_spec(env: str = "libero", suite: str = "libero_spatial", task_id: i
         return libero_env_spec(suite, task_id=task_id, **kwargs)
     if env == "arena":
         return EnvSpec(ARENA_GYM_ID, {"task_id": task_id, "render_on_demand": True, **kwargs})
-    raise ValueError(f"unknown env {env!r}; choose 'libero' or 'arena'")
+    raise UserError(f"unknown env {env!r}; choose 'libero' or 'arena'")
 

@@ -1,0 +1,27 @@
+r"""Stage 11: the RIPT-VLA-style loop on the parallel runner, from YAML, single process or torchrun.
+
+Adds to stage 10's job the RIPT-VLA runner layout as its default (preset stage11_ript_vla): subprocess envs
+(features.enable_parallel_envs), the grouped schedule with num_groups x group_size envs so the K rollouts of a
+state advance together and share batched policy calls with per-env action queues (features.use_ript_vla_runner),
+and smart sampling (dynamic sampling + init-state history, features.enable_smart_sampling). Writes under
+runs/<run_name>/: TensorBoard logs, curve.json, success.png, rollout videos, checkpoints, final/, config.yaml.
+This is `make run` (tiny warm-started pi0 on the arena, CPU, a few minutes).
+
+    .venv/bin/python 11_train_ript_vla_style.py                      # = make run
+    torchrun --nproc_per_node=2 11_train_ript_vla_style.py --config_path debug_distributed_train
+    .venv/bin/python 11_train_ript_vla_style.py --config_path libero_spatial task.checkpoint=ckpts/pi0_libero
+"""
+
+from __future__ import annotations
+
+from pi0.errors import run_cli
+from pi0.ript.utils.train_loop import cli_main
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Load + validate the config, train."""
+    return cli_main(argv, "stage11_ript_vla", __doc__)
+
+
+if __name__ == "__main__":
+    run_cli(main)

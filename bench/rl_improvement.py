@@ -1,0 +1,157 @@
+r"""Bench: does RIPT-CFG measurably improve a weak pi0 on held-out arena init states?
+
+A tiny pi0 (same architecture, small sizes) is warm-started by SFT on a few scripted-expert demos (cached),
+then fine-tuned by RIPT-CFG (K rollouts per init state, RLOO, CFG-style flow update) for a wall-clock budget.
+In the same run: the RL model at w=1, continued SFT on the same demos for the same wall-clock, and success
+against w in {0, 1, 1.5, 2, 3}. Writes <out>/rl_improvement.json and .png; the last line is
+``before=<r> after=<r> w1=<r> sft=<r> minutes=<m>``.
+
+    nice -n 10 .venv/bin/python bench/rl_improvement.py --minutes 20 --out runs/bench_rl
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
+
+from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig  # noqa: E402
+from pi0.ript.init_states import InitStateSampler  # noqa: E402
+from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
+from pi0.ript.warm_start import TinyArenaConfig, arena_runner, cached_warm_start, evaluate, sft  # noqa: E402
+from pi0.utils.cli import parse_config  # noqa: E402
+
+
+@dataclass
+class Config:
+    """Bench options."""
+
+    task_ids: list[int] = field(default_factory=lambda: [4])
+    num_demos: int = 20  # expert demos per task (init states 0..n-1) for the warm start
+    sft_steps: int = 1000  # warm-start SFT steps (cached)
+    train_states: int = 100  # RL init states per task (0..n-1, includes the demo states)
+    eval_start: int = 150  # held-out init states eval_start.. (never trained on)
+    eval_states: int = 40
+    minutes: float = 20.0  # RL wall-clock budget (rollouts + updates + periodic evals)
+    eval_every: int = 4
+    num_groups: int = 4
+    group_size: int = 8
+    cfg_guidance: float = 1.5
+    p_uncond: float = 0.3
+    target: str = "model_actions"
+    negative_weight: float = 1.0  # loss weight of A <= 0 windows (1 = plain CFGRL)
+    lr: float = 1e-3
+    epochs: int = 1
+    minibatch_size: int = 32
+    image_size: int = 56
+    depth: int = 2
+    threads: int = 1  # torch threads (1 is fastest on a loaded 2-core machine: no spin-waiting)
+    seed: int = 0
+    out: str = "runs/bench_rl"
+    sft_baseline: bool = True  # run the continued-SFT baseline beside RL
+    sft_only: bool = False  # internal: the continued-SFT baseline process (runs beside RL, same wall-clock)
+
+
+def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt: OptimizerConfig,
+                 held_out: list) -> None:
+    """Continued SFT of the cached warm start on the same demos for ``minutes``, then held-out success."""
+    policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt)
+    t0 = time.perf_counter()
+    opt = sft(policy, windows, sft_opt, seconds=cfg.minutes * 60, seed=cfg.seed + 1)
+    minutes = (time.perf_counter() - t0) / 60
+    runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps)
+    rate = evaluate(runner, policy, held_out, seed=cfg.seed + 1)
+    runner.close()
+    (Path(cfg.out) / "sft_baseline.json").write_text(json.dumps({"sft": rate, "minutes": minutes,
+                                                                 "skipped_steps": opt.num_skipped}))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the bench and print the summary line."""
+    cfg = parse_config(Config, argv, __doc__)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()
+    tcfg = TinyArenaConfig(image_size=cfg.image_size, depth=cfg.depth, seed=cfg.seed)
+    sft_opt = OptimizerConfig(lr=1e-3, minibatch_size=32)
+    demo_states = [(t, i) for t in cfg.task_ids for i in range(cfg.num_demos)]
+    t0 = time.perf_counter()
+    policy, windows, ckpt = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt)
+    print(f"warm start: {len(windows)} demo windows from {len(demo_states)} demos, {cfg.sft_steps} SFT steps "
+          f"({time.perf_counter() - t0:.0f}s, cached at {ckpt})", flush=True)
+    held_out = [(t, i) for t in cfg.task_ids for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]
+    if cfg.sft_only:
+        sft_baseline(cfg, tcfg, demo_states, sft_opt, held_out)
+        return {}
+    runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps)
+    before = evaluate(runner, policy, held_out, seed=cfg.seed)
+    print(f"before RL: held-out success {before:.3f}", flush=True)
+    # continued SFT for the same wall-clock runs beside RL (same machine load), in its own process
+    sft_proc = subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                                 "--sft_only"]) if cfg.sft_baseline else None
+
+    rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
+                  cfg_guidance=cfg.cfg_guidance, target=cfg.target, negative_weight=cfg.negative_weight,
+                  eval_every=cfg.eval_every, seed=cfg.seed,
+                  opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size))
+    sampler = InitStateSampler({t: range(cfg.train_states) for t in cfg.task_ids}, seed=cfg.seed)
+    trainer = RIPTTrainer(policy, runner, sampler, rl, eval_states=held_out)
+    curve = [{"iteration": 0, "minutes": 0.0, "eval": before}]
+    t_rl = time.perf_counter()
+
+    def log(st: dict) -> None:
+        m = (time.perf_counter() - t_rl) / 60
+        line = (f"it {int(st['iteration'])} {m:.1f}min rollout_sr {st['rollout/success_rate']:.2f} "
+                f"kept {st['rollout/frac_groups_kept']:.2f} pos {st['train/frac_positive']:.2f} "
+                f"loss_c {st.get('train/loss_cond', float('nan')):.3f} loss_u {st.get('train/loss_uncond', float('nan')):.3f}")
+        if "eval/success_rate" in st:
+            curve.append({"iteration": st["iteration"], "minutes": m, "eval": st["eval/success_rate"]})
+            line += f" EVAL {st['eval/success_rate']:.3f}"
+        print(line, flush=True)
+
+    trainer.train(10**6, seconds=cfg.minutes * 60, callback=log)
+    rl_seconds = time.perf_counter() - t_rl
+    after = evaluate(runner, policy, held_out, seed=cfg.seed + 1, guidance=cfg.cfg_guidance)
+    by_w = {w: evaluate(runner, policy, held_out, seed=cfg.seed + 1, guidance=w) for w in (0.0, 1.0, 1.5, 2.0, 3.0)}
+    print(f"after RL ({rl_seconds / 60:.1f} min): w={cfg.cfg_guidance} {after:.3f}; by w {by_w}", flush=True)
+
+    runner.close()
+    if sft_proc is not None and sft_proc.wait() != 0:
+        raise RuntimeError("the continued-SFT baseline process failed")
+    sft_res = json.loads((out / "sft_baseline.json").read_text()) if sft_proc else {"sft": -1.0, "minutes": 0.0}
+    sft_rate = sft_res["sft"]
+    print(f"continued SFT ({sft_res['minutes']:.1f} min, beside RL): {sft_rate:.3f}", flush=True)
+    policy.save_pretrained(out / "rl_policy")
+
+    result = {"config": asdict(cfg), "before": before, "after": after, "w1": by_w[1.0], "sft": sft_rate,
+              "success_vs_w": {str(k): v for k, v in by_w.items()}, "minutes": rl_seconds / 60, "curve": curve,
+              "iterations": trainer.curve, "load_before": load0, "load_after": os.getloadavg(),
+              "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
+    (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].plot([c["iteration"] for c in curve], [c["eval"] for c in curve], "o-", label=f"RIPT-CFG (w={cfg.cfg_guidance})")
+    ax[0].axhline(sft_rate, color="gray", ls="--", label="continued SFT (same wall-clock)")
+    ax[0].set_xlabel("RL iteration"), ax[0].set_ylabel("held-out success"), ax[0].set_ylim(0, 1), ax[0].legend()
+    ax[1].plot(list(by_w), list(by_w.values()), "s-"), ax[1].set_xlabel("guidance w"), ax[1].set_ylim(0, 1)
+    ax[1].set_title("success vs w after RL")
+    fig.tight_layout()
+    fig.savefig(out / "rl_improvement.png", dpi=100)
+    print(f"before={before:.3f} after={after:.3f} w1={by_w[1.0]:.3f} sft={sft_rate:.3f} minutes={rl_seconds / 60:.1f}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""The typed training config of stages 9-11 (:mod:`pi0.ript.config.schema`) and its YAML presets (package data)."""
+
+from pi0.ript.config.schema import (PRESET_DIR, DistributedConfig, EnvConfig, FeatureFlags, LoggingConfig,
+                                    TaskConfig, TrainConfig, load_config, preset_path, presets, save_config)
+
+__all__ = ["PRESET_DIR", "DistributedConfig", "EnvConfig", "FeatureFlags", "LoggingConfig", "TaskConfig",
+           "TrainConfig", "load_config", "preset_path", "presets", "save_config"]

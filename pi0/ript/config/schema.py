@@ -1,0 +1,290 @@
+"""One typed config tree for RL training (stages 9-11): OmegaConf structured dataclasses, validated at load.
+
+``TrainConfig`` has the sections ``algo`` (the RIPT-CFG settings: :class:`pi0.ript.trainer.RLConfig`, with its
+``opt`` :class:`OptimizerConfig`), ``task`` (env / suite / task ids / checkpoint / init-state split), ``env`` (the
+rollout :class:`pi0.rollout.config.RunnerConfig` + arena settings), ``distributed``, ``features`` and ``logging``.
+:func:`load_config` merges a YAML file and ``key=value`` overrides onto the defaults and raises
+:class:`pi0.errors.UserError` naming the key and what is allowed for an unknown key, a wrong type, an
+out-of-range value, a task id the suite lacks or a missing checkpoint -- before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pi0.errors import UserError, require_path
+from pi0.rollout.config import RunnerConfig
+from pi0.ript.trainer import RLConfig
+
+PRESET_DIR = Path(__file__).parent
+ENVS = ("arena", "libero")
+BACKENDS = ("auto", "nccl", "gloo")
+COUNTERS = ("file", "store")
+
+
+@dataclass
+class TaskConfig:
+    """What to train on and from which weights."""
+
+    env: str = "arena"  # "arena" (built-in, CPU-cheap) | "libero"
+    suite: str = "libero_spatial"  # LIBERO suite (env=libero)
+    task_ids: list[int] = field(default_factory=lambda: [4])
+    checkpoint: str = ""  # PI0Policy directory; "" = tiny arena warm start (cached under runs/) / tiny random pi0
+    train_states: int = 40  # training init states per task: 0..n-1
+    eval_start: int = 40  # held-out init states eval_start..eval_start+eval_states-1
+    eval_states: int = 10
+    warm_start_demos: int = 10  # expert demos per task for the tiny arena warm start
+    warm_start_steps: int = 300  # SFT steps of the warm start (0: start from the random tiny pi0)
+
+
+@dataclass
+class EnvConfig:
+    """The rollout runner and env construction."""
+
+    runner: RunnerConfig = field(default_factory=lambda: RunnerConfig(num_envs=8, use_subprocess=False))
+    resolution: int = 64  # arena render size
+    num_init_states: int = 200  # arena init states per task
+
+
+@dataclass
+class FeatureFlags:
+    """Switches of optional behaviour; each is tested (tests/test_train_config.py)."""
+
+    # Step envs in subprocess workers (env.runner.use_subprocess=True) instead of in-process; LIBERO needs it.
+    enable_parallel_envs: bool = False
+    # RIPT-VLA runner layout: grouped schedule (the K members of a group advance together, one batched policy
+    # call per group round) with num_envs = algo.num_groups x algo.group_size (pi0.rollout.ript_vla_runner_config).
+    use_ript_vla_runner: bool = False
+    # Smart sampling: dynamic sampling (drop all-equal groups, keep collecting) + the init-state history
+    # (skip states whose last K rollouts all succeeded, re-probe after history_reprobe_after skips).
+    enable_smart_sampling: bool = True
+    history_reprobe_after: int = 3
+    # Write logging.num_videos rollout videos (imageio mp4) of the last evaluation / collection.
+    save_video: bool = False
+    # Stop collection on every rank once the global number of kept groups reaches algo.num_groups x world size
+    # (FileGlobalCounter / c10d store counter, see distributed.counter).
+    enable_global_counter: bool = True
+    # Save a resumable checkpoint (model + optimizer + scheduler + every rank's RNG + history + iteration).
+    save_resume_state: bool = True
+
+
+@dataclass
+class DistributedConfig:
+    """torchrun settings (world size / rank come from torchrun's environment)."""
+
+    backend: str = "auto"  # "auto" (nccl on GPU, gloo on CPU) | "nccl" | "gloo"
+    counter: str = "file"  # global counter: "file" (shared filesystem) | "store" (c10d store, multi-node)
+    timeout_s: float = 600.0  # collective timeout
+
+
+@dataclass
+class LoggingConfig:
+    """Outputs under ``<out_dir>/<run_name>/``."""
+
+    out_dir: str = "runs"
+    run_name: str = "ript"
+    save_every: int = 5  # iterations between checkpoints (the last one is always saved)
+    num_videos: int = 2  # rollout videos written when features.save_video
+    progress: bool = True  # tqdm bar (rank 0 only)
+    plot: bool = True  # PNG plot of success against iteration
+
+
+@dataclass
+class TrainConfig:
+    """The whole training config."""
+
+    algo: RLConfig = field(default_factory=RLConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    features: FeatureFlags = field(default_factory=FeatureFlags)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    device: str = "cpu"  # "cpu" | "cuda" (each rank takes cuda:<LOCAL_RANK>)
+    threads: int = 1  # torch CPU threads per process
+    warmup_iterations: int = 0  # linear LR warm-up over this many iterations (LambdaLR, saved with checkpoints)
+
+    @property
+    def run_dir(self) -> Path:
+        """``<logging.out_dir>/<logging.run_name>``."""
+        return Path(self.logging.out_dir) / self.logging.run_name
+
+
+# key -> (predicate, what is allowed); checked after the types (OmegaConf) are.
+_RANGES: dict[str, tuple[Any, str]] = {
+    "algo.iterations": (lambda v: v >= 1, ">= 1"),
+    "algo.num_groups": (lambda v: v >= 1, ">= 1"),
+    "algo.group_size": (lambda v: v >= 2, ">= 2 (RLOO needs two rollouts per state)"),
+    "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+    "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
+    "algo.target": (lambda v: v in ("model_actions", "executed"), "'model_actions' or 'executed'"),
+    "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
+    "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
+    "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),
+    "algo.opt.lr": (lambda v: v > 0.0, "> 0"),
+    "algo.opt.epochs": (lambda v: v >= 1, ">= 1"),
+    "algo.opt.minibatch_size": (lambda v: v >= 1, ">= 1"),
+    "algo.opt.grad_accum_steps": (lambda v: v >= 1, ">= 1"),
+    "task.env": (lambda v: v in ENVS, f"one of {ENVS}"),
+    "task.train_states": (lambda v: v >= 1, ">= 1"),
+    "task.eval_states": (lambda v: v >= 0, ">= 0"),
+    "task.warm_start_demos": (lambda v: v >= 1, ">= 1"),
+    "task.warm_start_steps": (lambda v: v >= 0, ">= 0"),
+    "env.runner.num_envs": (lambda v: v >= 1, ">= 1"),
+    "env.runner.replan_steps": (lambda v: v >= 1, ">= 1"),
+    "env.runner.schedule": (lambda v: v in ("greedy", "grouped"), "'greedy' or 'grouped'"),
+    "env.runner.in_process": (lambda v: v in ("serial", "thread", "asyncio"), "'serial', 'thread' or 'asyncio'"),
+    "env.resolution": (lambda v: v >= 16, ">= 16"),
+    "features.history_reprobe_after": (lambda v: v >= 1, ">= 1"),
+    "distributed.backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
+    "distributed.counter": (lambda v: v in COUNTERS, f"one of {COUNTERS}"),
+    "logging.save_every": (lambda v: v >= 1, ">= 1"),
+    "logging.num_videos": (lambda v: v >= 0, ">= 0"),
+    "threads": (lambda v: v >= 1, ">= 1"),
+    "warmup_iterations": (lambda v: v >= 0, ">= 0"),
+    "device": (lambda v: v == "cpu" or v.startswith("cuda"), "'cpu' or 'cuda[:N]'"),
+}
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _check_tasks(cfg: TrainConfig) -> None:
+    """Task ids the env / suite has (and enough init states for the split)."""
+    t = cfg.task
+    if not t.task_ids:
+        raise UserError("task.task_ids is empty; give at least one task id")
+    if t.eval_states and t.eval_start < t.train_states:
+        raise UserError(f"task.eval_start={t.eval_start} < task.train_states={t.train_states}: held-out init "
+                        "states would overlap the training ones; set task.eval_start >= task.train_states")
+    if t.env == "arena":
+        from pi0.envs.arena import TASKS
+        bad = [i for i in t.task_ids if not 0 <= i < len(TASKS)]
+        if bad:
+            raise UserError(f"task.task_ids: unknown arena task id(s) {bad}; valid ids are 0..{len(TASKS) - 1}")
+        need = max(t.train_states, t.eval_start + t.eval_states)
+        if need > cfg.env.num_init_states:
+            raise UserError(f"task: the init-state split needs {need} arena init states > env.num_init_states="
+                            f"{cfg.env.num_init_states}; raise env.num_init_states or lower the split")
+    else:
+        from pi0.envs.conventions import LIBERO_SUITES
+        if t.suite not in LIBERO_SUITES:
+            raise UserError(f"task.suite={t.suite!r} is not a LIBERO suite; allowed: {', '.join(LIBERO_SUITES)}")
+        try:
+            from pi0.envs.libero_env import libero_task_info
+            infos = libero_task_info(t.suite)
+        except ImportError as err:
+            raise UserError(f"task.env=libero needs the LIBERO simulator ({err}); pip install -e '.[libero]'") from None
+        bad = [i for i in t.task_ids if not 0 <= i < len(infos)]
+        if bad:
+            raise UserError(f"task.task_ids: {t.suite} has no task id(s) {bad}; valid ids are 0..{len(infos) - 1}")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Range / choice checks, task ids and the checkpoint path (raises UserError naming the key)."""
+    for key, (ok, allowed) in _RANGES.items():
+        v = _get(cfg, key)
+        if not ok(v):
+            raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
+    _check_tasks(cfg)
+    if cfg.task.checkpoint:
+        require_path(cfg.task.checkpoint, "task.checkpoint",
+                     "give a directory written by PI0Policy.save_pretrained or convert_pi0_to_hf_lerobot.py", True)
+        for f in ("model.safetensors", "config.json", "norm_stats.json"):
+            require_path(Path(cfg.task.checkpoint) / f, f"task.checkpoint: {f}",
+                         "a policy directory holds model.safetensors, config.json and norm_stats.json")
+    return cfg
+
+
+def apply_features(cfg: TrainConfig) -> TrainConfig:
+    """Fold the feature flags into the runner / algo settings they switch (idempotent)."""
+    r, f = cfg.env.runner, cfg.features
+    changes: dict[str, Any] = {}
+    if f.enable_parallel_envs:
+        changes["use_subprocess"] = True
+    if f.use_ript_vla_runner:
+        changes.update(schedule="grouped", num_envs=cfg.algo.num_groups * cfg.algo.group_size,
+                       group_size=cfg.algo.group_size)
+    if changes:
+        cfg.env.runner = r.replace(**changes)
+    cfg.algo.dynamic_sampling = cfg.algo.dynamic_sampling and f.enable_smart_sampling
+    return cfg
+
+
+def preset_path(name: str) -> Path:
+    """Path of a bundled preset (``name`` with or without ``.yaml``)."""
+    p = PRESET_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if not p.is_file():
+        raise UserError(f"no preset {name!r}; bundled presets: {', '.join(presets())}")
+    return p
+
+
+def presets() -> list[str]:
+    """Names of the bundled YAML presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+                ) -> TrainConfig:
+    """Defaults <- YAML ``path`` (a file or a bundled preset name) <- ``key=value`` overrides -> validated config."""
+    base = OmegaConf.structured(TrainConfig)
+    try:
+        layers = [base]
+        if path:
+            p = Path(path)
+            if not p.is_file():
+                p = preset_path(str(path)) if "/" not in str(path) else require_path(p, "--config_path", "a YAML file")
+            layers.append(OmegaConf.load(p))
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise UserError(f"override {bad[0]!r} is not key=value (e.g. algo.iterations=3)")
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        cfg: TrainConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        msg = str(err).splitlines()[0]
+        if key and "not in" in msg:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            node = OmegaConf.select(base, parent) if parent else base
+            msg += f"; allowed keys: {', '.join(node.keys())}"
+        raise UserError(f"config key {key!r}: {msg}" if key else f"config: {msg}") from None
+    except ValueError as err:  # a dataclass __post_init__ (RunnerConfig) rejected a value
+        if isinstance(err, UserError):
+            raise
+        raise UserError(f"config: {err}") from None
+    apply_features(cfg)
+    if check_paths:
+        validate(cfg)
+    else:
+        for key, (ok, allowed) in _RANGES.items():
+            if not ok(_get(cfg, key)):
+                raise UserError(f"{key}={_get(cfg, key)!r} is out of range; allowed: {allowed}")
+    return cfg
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    """The resolved config as YAML."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> Path:
+    """Write the resolved config (``config.yaml`` of a run)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_yaml(cfg))
+    return path
+
+
+def replace(cfg: TrainConfig, **changes: Any) -> TrainConfig:
+    """Shallow dataclass replace (for tests)."""
+    return dataclasses.replace(cfg, **changes)

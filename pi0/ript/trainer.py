@@ -1,0 +1,144 @@
+"""The RIPT-CFG loop shared by stages 7/8 and the bench: collect groups -> RLOO -> CFG flow update -> eval.
+
+One iteration: ``RolloutGenerator.collect`` (K rollouts per sampled init state, guided by the policy's w),
+RLOO advantages and labels, windows from each kept episode's decision points, ``RLOptimizerPI0_CFG.step``,
+and (every ``eval_every`` iterations) the success rate on held-out init states. Scalars go to TensorBoard.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pi0.libero_policy import Pi0ChunkPolicy
+from pi0.modeling_pi0 import PI0Policy
+from pi0.rollout import RolloutRunner
+from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
+from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
+from pi0.ript.algos.rl_optimizers.rollout_generator import Collection, RolloutGenerator
+from pi0.ript.init_states import InitStateHistory, InitStateSampler
+
+
+@dataclass
+class RLConfig:
+    """RIPT-CFG settings (stage 7 uses one epoch per iteration; stage 8 adds epochs and the history)."""
+
+    iterations: int = 10
+    num_groups: int = 4  # B init states per iteration
+    group_size: int = 8  # K rollouts per init state (rloo_batch_size)
+    p_uncond: float = 0.3  # condition dropout
+    cfg_guidance: float = 1.0  # w used to collect and evaluate
+    target: str = "model_actions"  # "model_actions" | "executed"
+    advantage_weighting: bool = False
+    negative_weight: float = 1.0  # loss weight of windows with A <= 0 (1 = CFGRL: they train the reference)
+    dynamic_sampling: bool = True
+    max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
+    eval_every: int = 1  # 0 = never
+    eval_repeats: int = 1
+    opt: OptimizerConfig = field(default_factory=OptimizerConfig)
+    seed: int = 0
+
+
+def enable_optimality_condition(policy: PI0Policy, guidance: float | None = None) -> PI0Policy:
+    """Give ``policy`` the zero-initialised optimality embedding (outputs unchanged) and set its w."""
+    policy.model.enable_optimality_condition()
+    policy.config.model = policy.model.cfg
+    if guidance is not None:
+        policy.config.cfg_guidance = float(guidance)
+    return policy
+
+
+def collection_windows(adapter: PI0_CFG_Adapter, col: Collection) -> list[Window]:
+    """Windows of every episode of the kept groups, labelled by its RLOO advantage."""
+    return [w for g in col.groups for ep, a in zip(g.episodes, g.advantages) for w in adapter.episode_windows(ep, a)]
+
+
+class RIPTTrainer:
+    """Owns the adapter, optimizer and generator of one RL run (see module docstring)."""
+
+    def __init__(self, policy: PI0Policy, runner: RolloutRunner, sampler: InitStateSampler, cfg: RLConfig,
+                 eval_states: Sequence[tuple[int, int]] = (), history: InitStateHistory | None = None,
+                 writer: Any = None):
+        self.policy, self.runner, self.cfg = policy, runner, cfg
+        if not policy.config.model.optimality_condition:
+            enable_optimality_condition(policy)
+        policy.config.cfg_guidance = float(cfg.cfg_guidance)
+        self.adapter = PI0_CFG_Adapter(policy, cfg.target, cfg.p_uncond, cfg.advantage_weighting,
+                                       cfg.negative_weight)
+        self.optimizer = RLOptimizerPI0_CFG(self.adapter, cfg.opt, seed=cfg.seed)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.rollouts = RolloutGenerator(runner, Pi0ChunkPolicy(policy, self.generator), sampler, cfg.group_size,
+                                         cfg.dynamic_sampling, history, cfg.max_collect_attempts)
+        self.eval_states = list(eval_states)
+        self.writer = writer
+        self.iteration = 0
+        self.curve: list[dict[str, float]] = []
+
+    def evaluate(self, guidance: float | None = None, repeats: int | None = None) -> float:
+        """Success rate on the held-out states (the policy's w unless ``guidance`` is given)."""
+        old = self.policy.config.cfg_guidance
+        if guidance is not None:
+            self.policy.config.cfg_guidance = float(guidance)
+        try:
+            eps = self.runner.run(self.eval_states, group_size=repeats or self.cfg.eval_repeats,
+                                  policy=Pi0ChunkPolicy(self.policy, torch.Generator().manual_seed(12345)))
+        finally:
+            self.policy.config.cfg_guidance = old
+        return float(np.mean([e.success for e in eps]))
+
+    def step(self) -> dict[str, float]:
+        """One iteration: collect, advantages, update (+ eval); returns and logs its scalars."""
+        cfg = self.cfg
+        self.policy.eval()
+        col = self.rollouts.collect(cfg.num_groups)
+        windows = collection_windows(self.adapter, col)
+        upd = self.optimizer.step(windows)  # also with no windows: a distributed optimizer must join collectives
+        self.iteration += 1
+        adv = np.concatenate([g.advantages for g in col.groups]) if col.groups else np.zeros(1)
+        st = {"rollout/success_rate": col.success_rate, "rollout/frac_groups_kept": col.frac_kept,
+              "rollout/groups": float(col.num_groups), "rollout/skipped_states": float(col.num_skipped_states),
+              "time/rollout_s": col.rollout_time, "time/update_s": upd["update_time"],
+              "adv/mean": float(adv.mean()), "adv/std": float(adv.std()), "adv/max": float(adv.max()),
+              "adv/min": float(adv.min()), "train/windows": float(len(windows)),
+              "train/frac_positive": float(np.mean([w["label"] for w in windows])) if windows else 0.0}
+        st.update({f"train/{k}": v for k, v in upd.items() if k != "update_time"})
+        if cfg.eval_every and self.eval_states and self.iteration % cfg.eval_every == 0:
+            t0 = time.perf_counter()
+            st["eval/success_rate"] = self.evaluate()
+            st["time/eval_s"] = time.perf_counter() - t0
+        if col.exhausted:
+            print(f"[ript] iteration {self.iteration}: {col.exhausted}", flush=True)
+        st["iteration"] = float(self.iteration)
+        self.curve.append(st)
+        if self.writer is not None:
+            for k, v in st.items():
+                if k != "iteration":
+                    self.writer.add_scalar(k, v, self.iteration)
+        self.last_collection = col
+        return st
+
+    def train(self, iterations: int, seconds: float | None = None,
+              callback: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+        """Run ``iterations`` iterations (or stop once ``seconds`` of wall-clock are used)."""
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            st = self.step()
+            if callback is not None:
+                callback(st)
+            if seconds is not None and time.perf_counter() - t0 >= seconds:
+                break
+        return self.curve
+
+    def save_curve(self, path: str | Path) -> Path:
+        """Write the per-iteration scalars as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.curve, indent=1))
+        return path

@@ -1,0 +1,299 @@
+"""The config-driven RIPT-CFG training job of stages 9-11 (single process or torchrun).
+
+Each rank: its shard of the training init states (seed offset by rank), its own runner; collection stops early
+through the global counter once all ranks together kept ``algo.num_groups x world`` groups; the update is
+:class:`DistributedRLOptimizer` (same number of collectives and steps on every rank, masked batches where a rank
+has no data); scalars are all-reduced and logged on rank 0 (tqdm, TensorBoard, curve JSON/PNG), which also
+writes videos and checkpoints. ``resume=True`` continues from ``<run>/checkpoints/latest``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pi0.envs import make_env_spec
+from pi0.errors import UserError
+from pi0.modeling_pi0 import PI0Policy
+from pi0.rollout import RolloutRunner
+from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
+from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
+from pi0.ript.algos.rl_optimizers.rollout_generator import Collection, RolloutGenerator
+from pi0.ript.algos.rl_optimizers.store_counter import StoreGlobalCounter
+from pi0.ript.config.schema import TrainConfig, save_config
+from pi0.ript.init_states import InitStateHistory, InitStateSampler
+from pi0.ript.stage_setup import split_states
+from pi0.ript.trainer import RIPTTrainer
+from pi0.ript.utils.dist_utils import (DistInfo, DistributedRLOptimizer, DistributedStatsSynchronizer, barrier,
+                                       cleanup_distributed, setup_distributed, shard_tasks_across_gpus)
+from pi0.ript.utils.resume import latest_checkpoint, load_train_state, save_checkpoint
+
+
+def seed_everything(seed: int) -> None:
+    """Python, numpy and torch global seeds."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
+    """task.checkpoint, or the tiny arena warm start cached under ``<out_dir>/cache`` (rank 0 computes it first)."""
+    t = cfg.task
+    if t.checkpoint:
+        return PI0Policy.from_pretrained(t.checkpoint, device=info.device)
+    if t.env == "libero":
+        from pi0.presets import tiny_policy
+        return tiny_policy().to(info.device)
+    from pi0.ript.warm_start import TinyArenaConfig, cached_warm_start
+
+    demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
+    cache = Path(cfg.logging.out_dir) / "cache"
+    policy = None
+    for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
+        if info.is_main == turn:
+            policy, _, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
+                                             cache_dir=cache, resolution=cfg.env.resolution)
+        barrier(info)
+    return policy.to(info.device)
+
+
+def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
+    """The runner the config describes (arena or LIBERO env spec + ``env.runner``)."""
+    rc = cfg.env.runner.replace(record_video=record_video) if record_video else cfg.env.runner
+    if cfg.task.env == "arena":
+        spec = make_env_spec("arena", resolution=cfg.env.resolution, num_init_states=cfg.env.num_init_states)
+    else:
+        import os
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        spec = make_env_spec("libero", cfg.task.suite, cfg.task.task_ids[0])
+    return RolloutRunner(spec, None, rc)
+
+
+class CountedRolloutGenerator(RolloutGenerator):
+    """Collects in rounds until the global kept-group counter reaches the global target (or attempts run out)."""
+
+    counter: Any = None
+    global_target: int = 0
+
+    def collect(self, num_groups: int) -> Collection:
+        """Rounds of the base collection; each adds its kept groups to the shared counter."""
+        if self.counter is None:
+            return super().collect(num_groups)
+        total = Collection(groups=[])
+        attempts, self.max_attempts = self.max_attempts, 1
+        succ, n = 0.0, 0
+        try:
+            while total.attempts < attempts:
+                need = min(num_groups, self.global_target - self.counter.get())
+                if need <= 0:
+                    break
+                col = super().collect(need)
+                self.counter.update(len(col.groups))
+                total.groups += col.groups
+                total.attempts += col.attempts
+                total.num_groups += col.num_groups
+                total.num_skipped_states += col.num_skipped_states
+                total.rollout_time += col.rollout_time
+                total.all_rewards += col.all_rewards
+                succ += col.success_rate * col.num_groups * self.group_size
+                n += col.num_groups * self.group_size
+                total.exhausted = col.exhausted
+        finally:
+            self.max_attempts = attempts
+        total.success_rate = succ / n if n else 0.0
+        return total
+
+
+def make_counter(cfg: TrainConfig, info: DistInfo, run_dir: Path, it: int) -> Any:
+    """The per-iteration global counter (None when single-process or disabled)."""
+    if not (info.enabled and cfg.features.enable_global_counter):
+        return None
+    if cfg.distributed.counter == "store":
+        return StoreGlobalCounter(dist.distributed_c10d._get_default_store(), key=f"kept_groups_{it}")
+    return FileGlobalCounter(run_dir / "counters" / f"iter_{it:05d}")
+
+
+def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: RolloutRunner
+                  ) -> RIPTTrainer:
+    """Trainer over this rank's shard, with the distributed optimizer and the counted generator."""
+    t = cfg.task
+    train, held_out = split_states(t.task_ids, t.train_states, t.eval_start, t.eval_states)
+    shard = shard_tasks_across_gpus(train, info.rank, info.world_size)
+    eval_shard = held_out[info.rank::info.world_size] if len(held_out) >= info.world_size else held_out
+    seed = cfg.algo.seed + 1000 * info.rank
+    algo = dataclasses.replace(cfg.algo, seed=seed)
+    history = InitStateHistory(cfg.features.history_reprobe_after) if cfg.features.enable_smart_sampling else None
+    trainer = RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history)
+    trainer.optimizer = DistributedRLOptimizer(trainer.adapter, algo.opt, seed=seed, info=info)
+    trainer.rollouts.__class__ = CountedRolloutGenerator
+    return trainer
+
+
+def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedStatsSynchronizer) -> dict[str, float]:
+    """All-reduced iteration scalars (same collectives on every rank)."""
+    col = trainer.last_collection
+    k = trainer.cfg.group_size
+    n_eval = len(trainer.eval_states) * trainer.cfg.eval_repeats if "eval/success_rate" in st else 0
+    s = sync.sum({"succ": col.success_rate * col.num_groups * k, "rollouts": col.num_groups * k,
+                  "kept": len(col.groups), "groups": col.num_groups, "windows": st["train/windows"],
+                  "eval_succ": st.get("eval/success_rate", 0.0) * n_eval, "eval_n": n_eval})
+    m = sync.max({"rollout_s": st["time/rollout_s"], "update_s": st["time/update_s"]})
+    out = {"success_rate": s["succ"] / s["rollouts"] if s["rollouts"] else 0.0, "rollouts": s["rollouts"],
+           "frac_groups_kept": s["kept"] / s["groups"] if s["groups"] else 0.0, "kept_groups": s["kept"],
+           "windows": s["windows"], "rollout_s": m["rollout_s"], "update_s": m["update_s"],
+           "steps": st["train/steps"], "skipped_steps": st["train/skipped_steps"]}
+    if s["eval_n"]:
+        out["eval_success_rate"] = s["eval_succ"] / s["eval_n"]
+    for key in ("train/loss_cond", "train/loss_uncond"):
+        if key in st:
+            out[key.split("/")[1]] = st[key]
+    return out
+
+
+def plot_curve(curve: list[dict[str, float]], path: Path) -> Path:
+    """PNG of rollout / held-out success against iteration."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roll = [c for c in curve if "success_rate" in c]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([c["iteration"] for c in roll], [c["success_rate"] for c in roll], "o-", label="rollout success")
+    if any("eval_success_rate" in c for c in curve):
+        ax.plot([c["iteration"] for c in curve if "eval_success_rate" in c],
+                [c["eval_success_rate"] for c in curve if "eval_success_rate" in c], "s-", label="held-out success")
+    ax.set(xlabel="iteration", ylabel="success", ylim=(-0.05, 1.05))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_videos(cfg: TrainConfig, policy: PI0Policy, trainer: RIPTTrainer, out: Path) -> list[Path]:
+    """Roll out ``logging.num_videos`` held-out (or training) states with frames and write mp4s (rank 0)."""
+    from pi0.libero_policy import Pi0ChunkPolicy
+    from pi0.utils.video import write_video
+
+    states = (trainer.eval_states or trainer.rollouts.sampler.pairs)[: cfg.logging.num_videos]
+    with build_runner(cfg, record_video=True) as runner:
+        eps = runner.run(states, group_size=1, policy=Pi0ChunkPolicy(policy, torch.Generator().manual_seed(0)))
+    paths = []
+    for (t, i), ep in zip(states, eps):
+        if ep.frames:
+            tag = "success" if ep.success else "failure"
+            paths.append(write_video(out / f"task{t}_init{i}_{tag}.mp4", ep.frames, fps=10))
+    return paths
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, float]]:
+    """Run the job the config describes; returns the (global) per-iteration curve."""
+    info = setup_distributed(cfg.distributed.backend, cfg.device, cfg.distributed.timeout_s)
+    try:
+        return _train(cfg, info, resume)
+    finally:
+        cleanup_distributed()
+
+
+def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, float]]:
+    torch.set_num_threads(cfg.threads)
+    run_dir = cfg.run_dir
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if resume and ckpt is None:
+        raise UserError(f"--resume: no complete checkpoint under {run_dir}/checkpoints; run without --resume first")
+    seed_everything(cfg.algo.seed + 1000 * info.rank)
+    if info.is_main:
+        save_config(cfg, run_dir / "config.yaml")
+    policy = PI0Policy.from_pretrained(ckpt, device=info.device) if ckpt else initial_policy(cfg, info)
+    curve_path = run_dir / "curve.json"
+    with build_runner(cfg) as runner:
+        trainer = build_trainer(cfg, info, policy, runner)
+        warm = cfg.warmup_iterations
+        sched = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer.optimizer,
+                                                  lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+        if ckpt:
+            load_train_state(ckpt, trainer, sched, info)
+        sync = DistributedStatsSynchronizer(info)
+        writer = None
+        if info.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(str(run_dir / "tb"))
+        curve = [c for c in trainer.curve if "rollouts" in c or c.get("iteration") == 0.0]
+        if not ckpt and trainer.cfg.eval_every and cfg.task.eval_states:  # the starting point of the curve
+            ev, n = sync.weighted_mean(trainer.evaluate() if trainer.eval_states else 0.0,
+                                       len(trainer.eval_states) * trainer.cfg.eval_repeats)
+            curve = [{"iteration": 0.0, "eval_success_rate": ev}]
+            if info.is_main:
+                print(f"iter 0: held-out success {ev:.2f} ({int(n)} episodes, before RL)", flush=True)
+        trainer.curve = curve
+        bar = None
+        if info.is_main and cfg.logging.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=cfg.algo.iterations, initial=trainer.iteration, desc="RIPT-CFG", dynamic_ncols=True)
+        while trainer.iteration < cfg.algo.iterations:
+            it = trainer.iteration + 1
+            counter = make_counter(cfg, info, run_dir, it)
+            trainer.rollouts.counter = counter
+            trainer.rollouts.global_target = cfg.algo.num_groups * info.world_size
+            st = trainer.step()
+            with warnings.catch_warnings():  # no optimizer step happened when every group was filtered
+                warnings.simplefilter("ignore", UserWarning)
+                sched.step()
+            g = global_stats(st, trainer, sync)
+            g["iteration"] = float(it)
+            g["lr"] = sched.get_last_lr()[0]
+            trainer.curve = curve = [c for c in curve if c["iteration"] < it] + [g]
+            if counter is not None and info.is_main and isinstance(counter, FileGlobalCounter):
+                counter.cleanup()  # every rank finished collecting: the update's all-reduces came after
+            if info.is_main:
+                for k, v in g.items():
+                    if k != "iteration":
+                        writer.add_scalar(k, v, it)
+                held = f"{g['eval_success_rate']:.2f}" if "eval_success_rate" in g else "-"
+                msg = (f"iter {it}: success {g['success_rate']:.2f} ({int(g['rollouts'])} rollouts), kept groups "
+                       f"{int(g['kept_groups'])} ({g['frac_groups_kept']:.2f}), held-out {held}, "
+                       f"steps {int(g['steps'])}, rollout {g['rollout_s']:.1f}s update {g['update_s']:.1f}s")
+                (bar.write if bar else print)(msg)
+                if bar:
+                    bar.update(1)
+                curve_path.parent.mkdir(parents=True, exist_ok=True)
+                curve_path.write_text(json.dumps(curve, indent=1))
+            if cfg.features.save_resume_state and (it % cfg.logging.save_every == 0 or it == cfg.algo.iterations):
+                save_checkpoint(run_dir, trainer, sched, info)
+        if bar:
+            bar.close()
+        if info.is_main:
+            policy.save_pretrained(run_dir / "final")
+            if cfg.logging.plot and curve:
+                plot_curve(curve, run_dir / "success.png")
+            if cfg.features.save_video and cfg.logging.num_videos:
+                write_videos(cfg, policy, trainer, run_dir / "videos")
+            writer.close()
+            print(f"run dir {run_dir}: config.yaml, curve.json, tb/, final/"
+                  + (", success.png" if cfg.logging.plot else "") + (", videos/" if cfg.features.save_video else "")
+                  + (", checkpoints/" if cfg.features.save_resume_state else ""), flush=True)
+        barrier(info)
+    return curve
+
+
+def cli_main(argv: list[str] | None, default_preset: str, description: str | None = None) -> list[dict[str, float]]:
+    """``--config_path <yaml|preset> [--resume] [key=value ...]`` -> validated config -> :func:`train`."""
+    import argparse
+
+    from pi0.ript.config.schema import load_config
+
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config_path", default=default_preset, help="YAML file or bundled preset name")
+    p.add_argument("--resume", action="store_true", help="continue from <run>/checkpoints/latest")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.iterations=3")
+    args = p.parse_args(argv)
+    return train(load_config(args.config_path, args.overrides), resume=args.resume)

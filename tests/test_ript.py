@@ -1,0 +1,286 @@
+"""RIPT-CFG core: RLOO, labels, guidance, windows, bounded collection, condition, updates (hand-checked)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pi0.flow import cfg_combine
+from pi0.modeling_pi0 import PI0Policy
+from pi0.rollout import ArenaExpertPolicy, DecisionPoint, Episode
+from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import (PI0_CFG_Adapter, cfg_condition_inputs,
+                                                            env_to_model_actions, masked_flow_loss)
+from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
+from pi0.ript.algos.rl_optimizers.rollout_generator import RolloutGenerator
+from pi0.ript.algos.rloo import informative_groups, optimality_labels, rloo_advantages
+from pi0.ript.init_states import InitStateHistory, InitStateSampler
+from pi0.ript.reward_function import BinarySuccessReward
+from pi0.ript.trainer import RIPTTrainer, RLConfig, enable_optimality_condition
+from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+from pi0.modeling_pi0 import default_norm_stats
+
+
+# ----------------------------------------------------------------------------- pure functions
+def test_rloo_k8_two_successes():
+    r = np.array([[1, 1, 0, 0, 0, 0, 0, 0]], float)
+    a = rloo_advantages(r)
+    # success: 1 - 1/7 = 0.857..., failure: 0 - 2/7 = -0.2857...
+    np.testing.assert_allclose(a[0, :2], 6 / 7)
+    np.testing.assert_allclose(a[0, 2:], -2 / 7)
+    assert round(float(a[0, 0]), 3) == 0.857 and round(float(a[0, 2]), 3) == -0.286
+
+
+def test_rloo_hand_values_and_bad_shape():
+    a = rloo_advantages(np.array([[1.0, 0.0, 0.5]]))
+    np.testing.assert_allclose(a, [[1 - 0.25, 0 - 0.75, 0.5 - 0.5]])
+    with pytest.raises(ValueError, match="K >= 2"):
+        rloo_advantages(np.array([[1.0]]))
+
+
+def test_labels_all_equal_group_has_no_positives():
+    r = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0]], float)
+    labels = optimality_labels(rloo_advantages(r))
+    assert not labels[0].any() and not labels[1].any()
+    assert labels[2].tolist() == [True, False, False, False]
+    assert informative_groups(r).tolist() == [False, False, True]
+
+
+def test_guidance_formula():
+    vu, vc = torch.tensor([1.0, -2.0]), torch.tensor([3.0, 0.0])
+    assert torch.equal(cfg_combine(vu, vc, 0.0), vu)
+    assert torch.equal(cfg_combine(vu, vc, 1.0), vc)
+    assert torch.allclose(cfg_combine(vu, vc, 2.0), torch.tensor([5.0, 2.0]))  # vu + 2 (vc - vu)
+    assert torch.allclose(cfg_combine(vu, vc, 1.5), torch.tensor([4.0, 1.0]))
+
+
+def test_masked_flow_loss_and_condition_dropout():
+    sq = torch.tensor([[[1.0, 3.0], [5.0, 7.0]]])
+    mask = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
+    assert torch.allclose(masked_flow_loss(sq, mask), torch.tensor([3.0]))  # (1 + 5) / 2
+    labels = torch.tensor([1.0, 0.0, 1.0])
+    assert cfg_condition_inputs(labels, 0.0).tolist() == [1.0, 0.0, 1.0]
+    assert cfg_condition_inputs(labels, 1.0).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_reward_and_sampler_flatten_uneven_tasks(tmp_path):
+    s = InitStateSampler({0: [0, 1, 2], 3: [7]}, seed=0)
+    assert len(s) == 4 and sorted(s.sample(4)) == [(0, 0), (0, 1), (0, 2), (3, 7)]
+    with pytest.raises(ValueError, match="no init states"):
+        InitStateSampler({0: []})
+    h = InitStateHistory(reprobe_after=2)
+    h.update((0, 1), [1, 1])
+    h.update((0, 2), [1, 0])
+    assert [h.should_skip((0, 1)) for _ in range(3)] == [True, True, False]  # re-probed after 2 skips
+    assert not h.should_skip((0, 2)) and not h.should_skip((5, 5))
+    h2 = InitStateHistory.load(h.save(tmp_path / "hist.json"))
+    assert h2.last == h.last and h2.reprobe_after == 2
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        InitStateHistory.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"x": 1}))
+    with pytest.raises(ValueError, match="not an init-state history"):
+        InitStateHistory.load(tmp_path / "bad.json")
+
+
+# ----------------------------------------------------------------------------- model: condition + guidance
+@pytest.fixture(scope="module")
+def arena_policy() -> PI0Policy:
+    torch.manual_seed(0)
+    return tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2),
+                             default_norm_stats(8, 7))
+
+
+def _inputs(policy: PI0Policy, b: int = 2):
+    g = torch.Generator().manual_seed(1)
+    size = policy.config.model.vision.image_size
+    obs = {"image": {k: torch.randint(0, 256, (b, 3, size, size), dtype=torch.uint8, generator=g)
+                     for k in policy.config.image_keys},
+           "state": torch.randn(b, 8, generator=g), "prompt": ["push the red block onto the blue target"] * b}
+    return policy.prepare_inputs(obs)
+
+
+def test_zero_init_condition_leaves_outputs_unchanged(arena_policy):
+    pol = PI0Policy(arena_policy.config, arena_policy.norm_stats, arena_policy.tokenizer,
+                    tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2,
+                                                      num_steps=2), default_norm_stats(8, 7)).model)
+    inp = _inputs(pol)
+    args = (inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"], inp["state"])
+    noise = torch.randn(2, 4, 32, generator=torch.Generator().manual_seed(2))
+    before = pol.model.sample_actions(*args, noise, 2)
+    enable_optimality_condition(pol, guidance=2.0)
+    assert pol.config.model.optimality_condition and torch.count_nonzero(pol.model.optimality_embedding) == 0
+    for w in (0.0, 1.0):  # one pass of B: bit-identical
+        assert torch.equal(pol.model.sample_actions(*args, noise, 2, guidance=w), before)
+    # w=2: both branches in one batch of 2B (batched matmuls may round differently in the last bits)
+    torch.testing.assert_close(pol.model.sample_actions(*args, noise, 2, guidance=2.0), before, atol=1e-5, rtol=1e-5)
+
+
+def test_guided_sampling_is_one_batched_pass_matching_separate_branches(arena_policy, tmp_path):
+    pol = arena_policy
+    enable_optimality_condition(pol)
+    with torch.no_grad():
+        pol.model.optimality_embedding.copy_(torch.linspace(-1, 1, pol.model.optimality_embedding.numel()))
+    inp = _inputs(pol)
+    m = pol.model
+    cache, pad = m.encode_prefix(inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"])
+    x, t = torch.randn(2, 4, 32), torch.full((2,), 0.7)
+    vu = m.denoise_step(cache, pad, inp["state"], x, t, torch.zeros(2))
+    vc = m.denoise_step(cache, pad, inp["state"], x, t, torch.ones(2))
+    assert not torch.allclose(vu, vc)
+    calls = []
+    orig = m.denoise_step
+    m.denoise_step = lambda *a, **k: calls.append(a[3].shape[0]) or orig(*a, **k)  # count passes
+    try:
+        v2 = m.guided_velocity_fn(cache, pad, inp["state"], 2.0)(x, t)
+        v0 = m.guided_velocity_fn(cache, pad, inp["state"], 0.0)(x, t)
+        v1 = m.guided_velocity_fn(cache, pad, inp["state"], 1.0)(x, t)
+    finally:
+        del m.denoise_step
+    assert calls == [4, 2, 2]  # w=2: both branches in one batch of 2B; w=0 / w=1: one pass of B
+    torch.testing.assert_close(v2, vu + 2.0 * (vc - vu), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v0, vu), torch.testing.assert_close(v1, vc)
+    # saved with the checkpoint: config field + parameter, reloaded strictly
+    pol.config.cfg_guidance = 1.5
+    loaded = PI0Policy.from_pretrained(pol.save_pretrained(tmp_path / "ckpt"))
+    assert loaded.config.model.optimality_condition and loaded.config.cfg_guidance == 1.5
+    torch.testing.assert_close(loaded.model.optimality_embedding, m.optimality_embedding)
+
+
+# ----------------------------------------------------------------------------- windows
+def _episode(n_dec: int = 2, valid_last: int = 1) -> Episode:
+    decs = []
+    for i in range(n_dec):
+        valid = np.array([True, True] if i < n_dec - 1 else [True] * valid_last + [False] * (2 - valid_last))
+        img = np.full((28, 28, 3), 10 * i, np.uint8)
+        ex = {"image": img, "wrist_image": img + 1, "state": np.full(32, float(i), np.float32),
+              "model_actions": np.full((4, 32), 100.0 + i, np.float32), "noise": np.zeros((4, 32), np.float32),
+              "tokenized_prompt": np.arange(24), "tokenized_prompt_mask": np.ones(24, bool)}
+        acts = np.where(valid[:, None], np.arange(1, 8, dtype=float)[None] * (i + 1), 0.0)
+        decs.append(DecisionPoint(step=2 * i, obs={}, actions=acts, valid=valid, rewards=np.zeros(2), extras=ex))
+    return Episode(0, 0, 0, 0, 0, "p", True, 3, 1.0, True, False, decs)
+
+
+def test_windows_use_each_decision_points_own_observation(arena_policy):
+    ad = PI0_CFG_Adapter(arena_policy, target="model_actions")
+    ws = ad.episode_windows(_episode(3), advantage=0.5)
+    assert [int(w["image"][0, 0, 0]) for w in ws] == [0, 10, 20]
+    assert [float(w["state"][0]) for w in ws] == [0.0, 1.0, 2.0]
+    assert [float(w["actions"][0, 0]) for w in ws] == [100.0, 101.0, 102.0]
+    assert ws[0]["action_mask"].sum(0).tolist() == [4.0] * 7 + [0.0] * 25  # env dims only, whole horizon
+    assert all(w["label"] == 1.0 for w in ws) and ad.episode_windows(_episode(), 0.0)[0]["label"] == 0.0
+
+
+def test_executed_target_is_padded_and_masked(arena_policy):
+    ad = PI0_CFG_Adapter(arena_policy, target="executed")
+    ws = ad.episode_windows(_episode(2, valid_last=1), advantage=-1.0)
+    w = ws[1]  # last decision: 1 executed action of 2, horizon 4
+    assert w["action_mask"][:, :7].sum(1).tolist() == [7, 0, 0, 0]
+    assert w["action_mask"][:, 7:].sum() == 0
+    np.testing.assert_allclose(w["actions"][0, :7], np.arange(1, 8) * 2.0, rtol=1e-5)  # identity stats (+eps), no deltas
+    assert np.all(w["actions"][1:] == 0)
+    np.testing.assert_allclose(env_to_model_actions(arena_policy, np.ones((1, 7)), np.zeros(32))[0, :8],
+                               [1, 1, 1, 1, 1, 1, 1, 0], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- updates
+def test_nan_loss_is_skipped_and_reported(arena_policy):
+    ad = PI0_CFG_Adapter(arena_policy, target="model_actions")
+    ws = ad.episode_windows(_episode(2), advantage=1.0)
+    for w in ws:
+        w["actions"] = np.full_like(w["actions"], np.nan)
+    opt = RLOptimizerPI0_CFG(ad, OptimizerConfig(minibatch_size=2))
+    before = [p.detach().clone() for p in arena_policy.model.parameters()]
+    st = opt.step(ws)
+    assert st["skipped_steps"] == 1 and st["steps"] == 0 and opt.num_skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, arena_policy.model.parameters()))
+
+
+def test_positive_windows_train_the_condition(arena_policy):
+    enable_optimality_condition(arena_policy)
+    ad = PI0_CFG_Adapter(arena_policy, target="model_actions", p_uncond=0.0)
+    emb = arena_policy.model.optimality_embedding.detach().clone()
+    opt = RLOptimizerPI0_CFG(ad, OptimizerConfig(minibatch_size=4, lr=1e-2))
+    st = opt.step(ad.episode_windows(_episode(2), advantage=1.0))
+    assert st["steps"] == 1 and st["frac_cond"] == 1.0 and "loss_cond" in st
+    assert not torch.equal(arena_policy.model.optimality_embedding, emb)
+
+
+def test_bounded_collection_when_everything_succeeds():
+    runner = arena_runner(4, replan_steps=10, resolution=32)
+    try:
+        gen = RolloutGenerator(runner, ArenaExpertPolicy(horizon=10), InitStateSampler({4: [0, 1]}), group_size=2,
+                               max_attempts=2)
+        col = gen.collect(2)
+        assert col.groups == [] and col.attempts == 2 and col.num_groups == 4 and col.success_rate == 1.0
+        assert "stopped after 2 collection rounds" in col.exhausted
+        hist = InitStateHistory(reprobe_after=3)
+        gen = RolloutGenerator(runner, ArenaExpertPolicy(horizon=10), InitStateSampler({4: [0, 1]}), group_size=2,
+                               history=hist, max_attempts=10)
+        col = gen.collect(2)
+        assert "every init state is solved" in col.exhausted and col.attempts == 2
+        assert BinarySuccessReward().group_rewards(col.groups[0].episodes if col.groups else [], 2).size == 0
+    finally:
+        runner.close()
+
+
+def test_one_rl_iteration_changes_parameters(arena_policy):
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=1,
+                       opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg, eval_states=[(0, 1)])
+        before = [p.detach().clone() for p in arena_policy.model.parameters()]
+        st = tr.step()
+        assert st["train/windows"] == 6 and st["train/steps"] == 1 and "eval/success_rate" in st
+        assert any(not torch.equal(a, b) for a, b in zip(before, arena_policy.model.parameters()))
+    finally:
+        runner.close()
+
+
+# ----------------------------------------------------------------------------- stages 7 / 8 (one tiny iteration)
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["7_train_with_rl_core.py", "8_train_with_epochs.py"])
+def test_stage_runs_one_iteration_and_saves(script, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2),
+                            default_norm_stats(8, 7))
+    ckpt = pol.save_pretrained(tmp_path / "init")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, script, "--checkpoint", str(ckpt), "--iterations", "1", "--num_groups", "1",
+                        "--group_size", "2", "--max_steps", "6", "--eval_states", "1", "--num_envs", "2",
+                        "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "iter 1:" in r.stdout and (out / "checkpoints" / "iter_0001" / "model.safetensors").is_file()
+    loaded = PI0Policy.from_pretrained(out / "checkpoints" / "iter_0001")
+    assert loaded.config.model.optimality_condition
+    assert any((out / "tb").iterdir())
+    if script.startswith("8"):
+        assert json.loads((out / "history.json").read_text())["states"][0]["task_id"] == 4
+
+
+def test_stage_rejects_missing_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    r = subprocess.run([sys.executable, "8_train_with_epochs.py", "--checkpoint", str(tmp_path / "nope")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "does not exist" in r.stderr
+
+
+def test_negative_weight_scales_non_positive_windows(arena_policy):
+    enable_optimality_condition(arena_policy)
+    ws = PI0_CFG_Adapter(arena_policy).episode_windows(_episode(2), advantage=-0.5)
+    batch = PI0_CFG_Adapter(arena_policy).collate(ws)
+    full, _ = PI0_CFG_Adapter(arena_policy, negative_weight=1.0).loss(batch, torch.Generator().manual_seed(0))
+    zero, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.0).loss(batch, torch.Generator().manual_seed(0))
+    half, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.5).loss(batch, torch.Generator().manual_seed(0))
+    assert float(full.detach()) > 0 and float(zero.detach()) == 0.0
+    torch.testing.assert_close(half, full / 2)
