@@ -17,6 +17,7 @@ import logging
 import time
 
 from pi0.conversion import convert_checkpoint
+from pi0.conversion_pi0fast import maybe_convert_pi0fast
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_token_len", type=int, default=None, help="override (default 48)")
     p.add_argument("--delta_action_dims", type=int, default=None,
                    help="leading action dims that are deltas (default: 6 for the LIBERO asset, else 0)")
+    p.add_argument("--fast_tokenizer", default=None, help="pi0-FAST only: FAST tokenizer directory (published layout)")
     return p.parse_args(argv)
 
 
@@ -44,7 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k in ("paligemma_variant", "action_expert_variant", "vision_variant",
                                                    "action_horizon", "max_token_len") if (v := getattr(args, k)) is not None}
     t0 = time.perf_counter()
-    out = convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
+    out = maybe_convert_pi0fast(  # a pi0-FAST tree is detected from the checkpoint metadata and converted here
+        args.checkpoint_dir, args.output_path, args.norm_stats, args.tokenizer, args.fast_tokenizer, args.dtype,
+        args.delta_action_dims, **{k: v for k, v in overrides.items() if k in ("action_horizon", "max_token_len")}
+    ) or convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
                              tokenizer=args.tokenizer, dtype=args.dtype, delta_action_dims=args.delta_action_dims,
                              **overrides)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
