@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
-from pi0.modeling_pi0 import PI0Policy  # noqa: E402
+from pi0.policies import load_policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not ev.task_ids:
             return {}
     overrides = {"dtype": cfg.dtype} if cfg.dtype else {}
-    policy = (PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides) if cfg.checkpoint
+    policy = (load_policy(cfg.checkpoint, device=cfg.device, **overrides) if cfg.checkpoint  # pi0 or pi0-FAST
               else tiny_policy().to(cfg.device))
     results = evaluate_libero(policy, ev)
     for t, r in results["per_task"].items():
