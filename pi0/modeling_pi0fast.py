@@ -187,11 +187,13 @@ class PI0FASTModel(nn.Module):
     @torch.no_grad()
     def sample_tokens(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], tokens: torch.Tensor,
                       token_mask: torch.Tensor, max_decoding_steps: int | None = None, temperature: float = 0.0,
-                      generator: torch.Generator | None = None, use_kv_cache: bool = True) -> torch.Tensor:
+                      generator: torch.Generator | None = None, use_kv_cache: bool = True,
+                      early_stop: bool = True) -> torch.Tensor:
         """Decode (B, max_decoding_steps) long tokens after the prefix (greedy when temperature == 0).
 
         as in openpi pi0_fast.py sample_actions: right-align the prefix, prefill a KV cache of size
-        prefix + steps, then one token per step; stop early once EVERY sample emitted EOS at the same step;
+        prefix + steps, then one token per step; stop early once EVERY sample emitted EOS at the same step
+        (``early_stop=False``: always decode the whole budget, for benchmarks);
         unused slots stay 0. Decoded tokens attend to cache slots [prefix_start, current) where
         prefix_start = T - sum(prefix_mask) (openpi's range mask). ``use_kv_cache=False`` recomputes the
         whole sequence every step (the benchmark baseline; the same tokens unless a camera is masked, whose
@@ -217,7 +219,7 @@ class PI0FASTModel(nn.Module):
             else:
                 token = last_logit.argmax(-1)
             out[:, step] = token
-            if bool((token == PALIGEMMA_EOS_TOKEN).all()) or step == steps - 1:
+            if (early_stop and bool((token == PALIGEMMA_EOS_TOKEN).all())) or step == steps - 1:
                 break
             tok_emb = self.lm.embed(token[:, None]).to(self.compute_dtype)  # (B, 1, D)
             pos = (prefill_len + step + self.cfg.decode_position_offset)[:, None]
