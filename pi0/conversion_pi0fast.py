@@ -71,7 +71,8 @@ def _rules() -> dict[str, Rule]:
     """openpi key -> fn(array) yielding (torch key, array) pairs."""
     blk, lay, gl = f"{IMG}Transformer/encoderblock/", VT + "encoder.layers.{}.", LM + "layers.{}."
     one = lambda name, f=lambda a: a: lambda a: iter([(name, f(a))])  # noqa: E731
-    each = lambda name, f=lambda a: a, fmt=lay: lambda a: ((fmt.format(i) + name, f(x)) for i, x in enumerate(a))  # noqa
+    each = lambda name, f=lambda a: a, fmt=lay: (  # noqa: E731 - one torch key per scanned layer
+        lambda a: ((fmt.format(i) + name, f(x)) for i, x in enumerate(a)))
     r: dict[str, Rule] = {
         f"{IMG}embedding/kernel": one(VT + "embeddings.patch_embedding.weight", lambda a: a.transpose(3, 2, 0, 1)),
         f"{IMG}embedding/bias": one(VT + "embeddings.patch_embedding.bias"),

@@ -36,7 +36,7 @@ FAST_DIR = "fast_tokenizer"
 
 
 def discretize_state(state: np.ndarray, bins: int = 256) -> np.ndarray:
-    """(..., S) normalized state -> int bins; as in openpi FASTTokenizer: digitize over linspace(-1, 1, bins+1)[:-1] - 1."""
+    """(..., S) normalized state -> int bins, as in openpi FASTTokenizer: digitize(linspace(-1,1,bins+1)[:-1]) - 1."""
     return np.digitize(state, bins=np.linspace(-1, 1, bins + 1)[:-1]) - 1
 
 
@@ -54,8 +54,9 @@ class FASTPromptTokenizer:
         # PaliGemma's own (full-vocab) tokenizer overlaps it by design, as in openpi, but not the 4 special ids.
         floor = text.vocab_size if text.vocab_size < vocab_size else 4
         if lowest < floor:
-            raise ValueError(f"FAST vocab ({fast.bpe_vocab_size}) does not fit in ids [{floor}, {vocab_size - 1 - skip}] "
-                             f"of the model vocab ({vocab_size}): use a smaller FAST vocab or a larger model vocab")
+            raise ValueError(f"FAST vocab ({fast.bpe_vocab_size}) does not fit in ids [{floor}, "
+                             f"{vocab_size - 1 - skip}] of the model vocab ({vocab_size}): use a smaller FAST vocab "
+                             f"or a larger model vocab")
 
     def to_pg(self, fast_ids: Any) -> Any:
         """FAST ids -> PaliGemma ids (openpi _act_tokens_to_paligemma_tokens; the map is its own inverse)."""
@@ -174,7 +175,8 @@ class PI0FASTPolicy(nn.Module):
     def __init__(self, config: FASTPolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
                  fast_tokenizer: FASTTokenizer, model: PI0FASTModel | None = None):
         super().__init__()
-        self.config, self.norm_stats, self.tokenizer, self.fast_tokenizer = config, norm_stats, tokenizer, fast_tokenizer
+        self.config, self.norm_stats = config, norm_stats
+        self.tokenizer, self.fast_tokenizer = tokenizer, fast_tokenizer
         self.model = model if model is not None else PI0FASTModel(config.model)
         for key in ("state", "actions"):
             if key not in norm_stats:
@@ -346,7 +348,8 @@ class PI0FASTPolicy(nn.Module):
         policy_fields = {f.name for f in dataclasses.fields(FASTPolicyConfig)}
         bad = sorted(set(overrides) - model_fields - policy_fields)
         if bad:
-            raise ValueError(f"from_pretrained: unknown override(s) {bad}; valid: {sorted(policy_fields | model_fields)}")
+            raise ValueError(f"from_pretrained: unknown override(s) {bad}; "
+                             f"valid: {sorted(policy_fields | model_fields)}")
         cfg_dict["model"] = {**cfg_dict.get("model", {}), **{k: v for k, v in overrides.items() if k in model_fields}}
         cfg_dict.update({k: v for k, v in overrides.items() if k not in model_fields})
         try:
