@@ -7,6 +7,7 @@ init states (also through the runner, via ``pi0.policies.PolicyChunkAdapter``).
 
     python scripts/sft_pi0fast_arena.py                                  # defaults (CPU, ~10-15 min)
     python scripts/sft_pi0fast_arena.py --task_ids 4 --train_steps 400 --out_dir outputs/sft_fast
+    python scripts/sft_pi0fast_arena.py --policy_dir outputs/sft_fast/policy --eval_seen   # evaluate only
 
 Single process (no torchrun). Writes <out_dir>/policy (PI0FASTPolicy directory), results.json, TensorBoard logs.
 """
@@ -43,6 +44,8 @@ class Config:
     task_ids: list[int] = field(default_factory=lambda: [4])  # arena tasks (4: push the yellow block left)
     demo_inits: int = 40  # expert episodes per task (init states 0..demo_inits-1)
     eval_inits: int = 20  # evaluation init states per task (demo_inits .. demo_inits+eval_inits-1: unseen)
+    eval_seen: bool = False  # evaluate on the demo init states 0..eval_inits-1 instead (layouts seen in training)
+    policy_dir: str = ""  # evaluate this saved PI0FASTPolicy only (no demos, no training)
     expert_noise: float = 0.1  # action noise of the expert demos (wider state coverage)
     horizon: int = 10  # action chunk length
     replan_steps: int = 5  # executed actions per chunk at evaluation
@@ -127,7 +130,8 @@ def train(cfg: Config, policy: PI0FASTPolicy, demos: dict[str, np.ndarray], writ
 
 def evaluate(cfg: Config, spec: EnvSpec, chunk_policy, name: str) -> dict[str, float]:
     """Success rate over the held-out init states of every task."""
-    inits = [(t, cfg.demo_inits + i) for t in cfg.task_ids for i in range(cfg.eval_inits)]
+    first = 0 if cfg.eval_seen else cfg.demo_inits
+    inits = [(t, first + i) for t in cfg.task_ids for i in range(cfg.eval_inits)]
     t0 = time.perf_counter()
     with RolloutRunner(spec, chunk_policy, num_envs=cfg.num_envs, replan_steps=cfg.replan_steps,
                        use_subprocess=False) as r:
@@ -145,11 +149,14 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec = EnvSpec("arena-v0", {"render_on_demand": True, "resolution": cfg.resolution})
-    demos = collect_demos(cfg, spec)
-    policy = build_policy(cfg, demos)
-    with SummaryWriter(str(out / "tb")) as writer:
-        final_loss = train(cfg, policy, demos, writer)
-    policy.save_pretrained(out / "policy")
+    if cfg.policy_dir:
+        policy, final_loss = PI0FASTPolicy.from_pretrained(cfg.policy_dir), float("nan")
+    else:
+        demos = collect_demos(cfg, spec)
+        policy = build_policy(cfg, demos)
+        with SummaryWriter(str(out / "tb")) as writer:
+            final_loss = train(cfg, policy, demos, writer)
+        policy.save_pretrained(out / "policy")
     random_res = evaluate(cfg, spec, RandomChunkPolicy(cfg.horizon, 7, seed=cfg.seed), "random policy")
     trained_res = evaluate(cfg, spec, PolicyChunkAdapter(policy), "trained pi0-FAST")
     results = {"config": asdict(cfg), "final_train_loss": final_loss, "random": random_res, "trained": trained_res}
