@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = EnvSpec("arena-v0", {"render_on_demand": True, "resolution": cfg.resolution})
+    n_layouts = max(50, cfg.demo_inits + cfg.eval_inits)  # layout k of a task is a pure function of (task, k)
+    spec = EnvSpec("arena-v0", {"render_on_demand": True, "resolution": cfg.resolution, "num_init_states": n_layouts})
     if cfg.policy_dir:
         policy, final_loss = PI0FASTPolicy.from_pretrained(cfg.policy_dir), float("nan")
     else:
