@@ -46,6 +46,7 @@ class Config:
     eval_inits: int = 20  # evaluation init states per task (demo_inits .. demo_inits+eval_inits-1: unseen)
     eval_seen: bool = False  # evaluate on the demo init states 0..eval_inits-1 instead (layouts seen in training)
     policy_dir: str = ""  # evaluate this saved PI0FASTPolicy only (no demos, no training)
+    init_from: str = ""  # continue training this saved PI0FASTPolicy (fitted on the same demos) instead of a fresh one
     expert_noise: float = 0.1  # action noise of the expert demos (wider state coverage)
     horizon: int = 10  # action chunk length
     replan_steps: int = 5  # executed actions per chunk at evaluation
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         policy, final_loss = PI0FASTPolicy.from_pretrained(cfg.policy_dir), float("nan")
     else:
         demos = collect_demos(cfg, spec)
-        policy = build_policy(cfg, demos)
+        policy = PI0FASTPolicy.from_pretrained(cfg.init_from) if cfg.init_from else build_policy(cfg, demos)
         with SummaryWriter(str(out / "tb")) as writer:
             final_loss = train(cfg, policy, demos, writer)
         policy.save_pretrained(out / "policy")
