@@ -55,6 +55,7 @@ def _inputs(ref, prefix=""):
                 token_mask=torch.from_numpy(ref[f"{prefix}tokenized_prompt_mask"]))
 
 
+@pytest.mark.slow
 def test_parity_loss_and_greedy_tokens(converted, ref):
     policy = PI0FASTPolicy.from_pretrained(converted)
     assert model_type_of(converted) == "pi0fast" and isinstance(load_policy(converted), PI0FASTPolicy)
@@ -262,6 +263,7 @@ def test_rollout_adapters_take_pi0fast():
     np.testing.assert_allclose(out2.actions, out.actions)  # greedy: same chunk through both adapters
 
 
+@pytest.mark.slow
 def test_stage1_pi0fast(tmp_path):
     r = subprocess.run([sys.executable, "1_e2e_inference.py", "--model", "pi0fast"], cwd=REPO, capture_output=True,
                        text=True, timeout=600)
