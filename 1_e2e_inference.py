@@ -5,6 +5,7 @@ offline-built tokenizer (no download); with --checkpoint it runs converted real 
 
     python 1_e2e_inference.py                                   # tiny embedded default (what `make run` runs)
     python 1_e2e_inference.py --checkpoint ckpts/pi0_libero --dtype bfloat16 --device cuda
+    python 1_e2e_inference.py --model pi0fast                   # tiny pi0-FAST (autoregressive FAST tokens)
     torchrun --nproc_per_node 2 1_e2e_inference.py              # each rank runs its own batch (smoke test)
 """
 
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pi0.errors import require_path, run_cli
+from pi0.errors import UserError, require_path, run_cli
 from pi0.modeling_pi0 import PI0Policy
+from pi0.policies import MODEL_TYPES, load_policy, model_type_of, tiny_fast_policy
 from pi0.presets import synthetic_observation, tiny_policy
 from pi0.utils.cli import parse_config
 
@@ -27,7 +29,8 @@ from pi0.utils.cli import parse_config
 class Config:
     """Stage 1 options."""
 
-    checkpoint: str | None = None  # PI0Policy directory; None = tiny embedded default
+    checkpoint: str | None = None  # PI0Policy / PI0FASTPolicy directory; None = tiny embedded default
+    model: str = "pi0"  # tiny default to build without --checkpoint: "pi0" or "pi0fast"
     device: str = "cpu"
     dtype: str | None = None  # "float32" | "bfloat16"; None = as saved
     batch_size: int = 1
@@ -43,9 +46,16 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     torch.manual_seed(cfg.seed + rank)
     t0 = time.perf_counter()
     overrides = {"num_steps": cfg.num_steps} | ({"dtype": cfg.dtype} if cfg.dtype else {})
+    if cfg.model not in MODEL_TYPES:
+        raise UserError(f"--model must be one of {list(MODEL_TYPES)}, got {cfg.model!r}")
     if cfg.checkpoint:
         require_path(cfg.checkpoint, "checkpoint", "give a directory written by convert_pi0_to_hf_lerobot.py", True)
+    if cfg.checkpoint and model_type_of(cfg.checkpoint) == "pi0fast":
+        policy = load_policy(cfg.checkpoint, device=cfg.device, **({"dtype": cfg.dtype} if cfg.dtype else {}))
+    elif cfg.checkpoint:
         policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides)
+    elif cfg.model == "pi0fast":
+        policy = tiny_fast_policy(seed=cfg.seed).to(cfg.device)
     else:
         policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps, dtype=cfg.dtype or "float32").to(cfg.device)
     load_s = time.perf_counter() - t0
@@ -62,7 +72,9 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     print(f"[rank {rank}] policy: {cfg.checkpoint or 'tiny embedded default'} ({policy.config.model.dtype}); "
           f"load {load_s:.2f}s")
     print(f"[rank {rank}] action chunk {tuple(actions.shape)} (first 5 steps):\n{actions[0, :5].numpy()}")
-    print(f"[rank {rank}] inference: {infer_s * 1000:.1f} ms for batch {cfg.batch_size}, {cfg.num_steps} Euler steps")
+    steps = (f"up to {policy.config.model.max_decoding_steps} decoded tokens" if hasattr(policy, "fast_tokenizer")
+             else f"{cfg.num_steps} Euler steps")
+    print(f"[rank {rank}] inference: {infer_s * 1000:.1f} ms for batch {cfg.batch_size}, {steps}")
     return actions.numpy()
 
 

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
 from pi0.errors import require_path, run_cli  # noqa: E402
-from pi0.modeling_pi0 import PI0Policy  # noqa: E402
+from pi0.policies import load_policy  # noqa: E402
 from pi0.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> dict:
         if not ev.task_ids:
             return {}
     overrides = {"dtype": cfg.dtype} if cfg.dtype else {}
-    if cfg.checkpoint:
-        policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device,
-                                           openpi_bf16_params=cfg.openpi_bf16_params, **overrides)
+    if cfg.checkpoint:  # pi0 or pi0-FAST (dispatch on config.json's model_type)
+        if cfg.openpi_bf16_params:
+            overrides["openpi_bf16_params"] = True
+        policy = load_policy(cfg.checkpoint, device=cfg.device, **overrides)
     else:
         policy = tiny_policy().to(cfg.device)
         if cfg.openpi_bf16_params:

@@ -19,6 +19,7 @@ import logging
 import time
 
 from pi0.conversion import convert_checkpoint
+from pi0.conversion_pi0fast import maybe_convert_pi0fast
 from pi0.errors import run_cli
 
 
@@ -38,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta_action_dims", type=int, default=None,
                    help="leading action dims predicted as deltas to the state (6 for openpi's LIBERO asset, "
                         "found automatically; required for any other asset: 0 = absolute, e.g. DROID)")
+    p.add_argument("--fast_tokenizer", default=None, help="pi0-FAST only: FAST tokenizer directory (published layout)")
     return p.parse_args(argv)
 
 
@@ -48,7 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k in ("paligemma_variant", "action_expert_variant", "vision_variant",
                                                    "action_horizon", "max_token_len") if (v := getattr(args, k)) is not None}
     t0 = time.perf_counter()
-    out = convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
+    out = maybe_convert_pi0fast(  # a pi0-FAST tree is detected from the checkpoint metadata and converted here
+        args.checkpoint_dir, args.output_path, args.norm_stats, args.tokenizer, args.fast_tokenizer, args.dtype,
+        args.delta_action_dims, **{k: v for k, v in overrides.items() if k in ("action_horizon", "max_token_len")}
+    ) or convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
                              tokenizer=args.tokenizer, dtype=args.dtype, delta_action_dims=args.delta_action_dims,
                              **overrides)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
