@@ -25,13 +25,14 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from pi0.config import SiglipConfig
+from pi0.envs import EnvSpec
 from pi0.fast_tokenizer import FASTTokenizer
 from pi0.modeling_pi0fast import Pi0FASTConfig
 from pi0.normalize import Stats, normalize
 from pi0.policies import PolicyChunkAdapter
 from pi0.policy_pi0fast import FASTPolicyConfig, PI0FASTPolicy
 from pi0.presets import tiny_tokenizer
-from pi0.rollout import EnvSpec, RolloutRunner
+from pi0.rollout import RolloutRunner, RunnerConfig
 from pi0.rollout.policies import ArenaExpertPolicy, RandomChunkPolicy
 from pi0.transforms import libero_client_obs
 from pi0.utils.cli import parse_config
@@ -67,7 +68,8 @@ def collect_demos(cfg: Config, spec: EnvSpec) -> dict[str, np.ndarray]:
     """Expert episodes -> arrays: image/wrist (N,S,S,3) uint8, state (N,8), actions (N,H,7), prompt (N,)."""
     inits = [(t, i) for t in cfg.task_ids for i in range(cfg.demo_inits)]
     expert = ArenaExpertPolicy(horizon=cfg.horizon, noise=cfg.expert_noise, seed=cfg.seed)
-    with RolloutRunner(spec, expert, num_envs=cfg.num_envs, replan_steps=cfg.horizon, use_subprocess=False) as r:
+    with RolloutRunner(spec, expert, RunnerConfig(num_envs=cfg.num_envs, replan_steps=cfg.horizon,
+                                                use_subprocess=False)) as r:
         episodes = r.run(inits)
     rows = []
     for ep in episodes:
@@ -134,8 +136,8 @@ def evaluate(cfg: Config, spec: EnvSpec, chunk_policy, name: str) -> dict[str, f
     first = 0 if cfg.eval_seen else cfg.demo_inits
     inits = [(t, first + i) for t in cfg.task_ids for i in range(cfg.eval_inits)]
     t0 = time.perf_counter()
-    with RolloutRunner(spec, chunk_policy, num_envs=cfg.num_envs, replan_steps=cfg.replan_steps,
-                       use_subprocess=False) as r:
+    with RolloutRunner(spec, chunk_policy, RunnerConfig(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps,
+                                                      use_subprocess=False)) as r:
         eps = r.run(inits)
     out = {"success_rate": float(np.mean([e.success for e in eps])), "episodes": len(eps),
            "wall_s": time.perf_counter() - t0}
