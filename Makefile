@@ -19,7 +19,9 @@ $(VENV)/bin/python:
 	$(VPY) -m pip install -q --upgrade pip
 
 $(STAMP): requirements.lock pyproject.toml | $(VENV)/bin/python
-	$(VPY) -m pip install -q -r requirements.lock
+	grep -v '^openpi-client==' requirements.lock > $(VENV)/.requirements-deps.txt
+	$(VPY) -m pip install -q -r $(VENV)/.requirements-deps.txt
+	$(VPY) -m pip install -q --no-deps $$(grep '^openpi-client==' requirements.lock)  # declares numpy<2; runs on 2
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
