@@ -128,6 +128,11 @@ def _run_probe(python: str, suite: str, task_id: int, out: Path, args: argparse.
     return out
 
 
+def _cm(d_m: float) -> str:
+    """A distance in metres as centimetres; exact zeros say so (bit-identical positions)."""
+    return "0" if d_m == 0 else f"{d_m * 100:.3g} cm"
+
+
 def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
     """Markdown summary: per suite, init states with any object > 1 cm apart from the reference, worst case, replays."""
     lines = []
@@ -139,7 +144,7 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
         info = per_task[tasks[0]] if tasks else {}
         lines.append(f"\n### {name} (mujoco {info.get('mujoco')}, numpy {info.get('numpy')}) vs {ref} "
                      f"(mujoco {ref_res[tasks[0]]['mujoco'] if tasks else '?'})\n")
-        lines.append("| suite | tasks | init states | > 1 cm apart | worst object (task/init) | worst eef |")
+        lines.append("| suite | tasks | init states | any object > 1 cm apart | worst object (task/init) | worst eef |")
         lines.append("|---|---|---|---|---|---|")
         for suite in SUITES:
             keys = [k for k in tasks if k[0] == suite]
@@ -149,12 +154,13 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
                     d, obj = _max_object_distance(a, b)
                     n += 1
                     bad += d > TOL_M
-                    worst = max(worst, (d, f"{obj} ({key[1]}/{i})"))
+                    if d > worst[0]:
+                        worst = (d, f"{obj} ({key[1]}/{i})")
                     worst_eef = max(worst_eef, float(np.linalg.norm(np.subtract(a["_eef"], b["_eef"]))))
             if keys:
-                lines.append(f"| {suite} | {len(keys)} | {n} | {bad} | {worst[0] * 100:.2f} cm {worst[1]} | "
-                             f"{worst_eef * 1000:.3f} mm |")
-        lines.append("\nReplayed identical actions (max object / eef distance in cm after N steps; success flags):\n")
+                lines.append(f"| {suite} | {len(keys)} | {n} | {bad} | {_cm(worst[0])} {worst[1]} | {_cm(worst_eef)} |")
+        lines.append("\nReplayed identical actions (max object distance / eef distance after N steps, 0 = bit-identical; "
+                     "any success):\n")
         lines.append("| suite/task/init | " + " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS) + " | success differs |")
         lines.append("|---|" + "---|" * (len(REPLAY_CHECKPOINTS) + 1))
         for key in tasks:
@@ -167,12 +173,12 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
                     if t in rep["positions"] and t in other["positions"]:
                         d, _ = _max_object_distance(rep["positions"][t], other["positions"][t])
                         e = np.linalg.norm(np.subtract(rep["positions"][t]["_eef"], other["positions"][t]["_eef"]))
-                        cells.append(f"{d * 100:.2f} / {e * 100:.2f}")
+                        cells.append(f"{_cm(d)} / {_cm(float(e))}")
                     else:
                         cells.append("-")
                 differs = rep["success"] != other["success"]
                 lines.append(f"| {key[0]}/{key[1]}/{init_id} | " + " | ".join(cells) +
-                             f" | {'yes' if differs else 'no'} (ours {any(rep['success'])}, ref {any(other['success'])}) |")
+                             f" | {'yes' if differs else 'no'} ({name} {any(rep['success'])}, {ref} {any(other['success'])}) |")
     return "\n".join(lines)
 
 
