@@ -159,9 +159,10 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
                     worst_eef = max(worst_eef, float(np.linalg.norm(np.subtract(a["_eef"], b["_eef"]))))
             if keys:
                 lines.append(f"| {suite} | {len(keys)} | {n} | {bad} | {_cm(worst[0])} {worst[1]} | {_cm(worst_eef)} |")
-        lines.append("\nReplayed identical actions (max object distance / eef distance after N steps, 0 = bit-identical; "
-                     "any success):\n")
-        lines.append("| suite/task/init | " + " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS) + " | success differs |")
+        lines.append("\nReplayed identical actions (max object distance / eef distance after N steps, "
+                     "0 = bit-identical; any success):\n")
+        steps = " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS)
+        lines.append(f"| suite/task/init | {steps} | success differs |")
         lines.append("|---|" + "---|" * (len(REPLAY_CHECKPOINTS) + 1))
         for key in tasks:
             for init_id, rep in sorted(per_task[key]["replay"].items()):
@@ -176,9 +177,9 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
                         cells.append(f"{_cm(d)} / {_cm(float(e))}")
                     else:
                         cells.append("-")
-                differs = rep["success"] != other["success"]
-                lines.append(f"| {key[0]}/{key[1]}/{init_id} | " + " | ".join(cells) +
-                             f" | {'yes' if differs else 'no'} ({name} {any(rep['success'])}, {ref} {any(other['success'])}) |")
+                differs = "yes" if rep["success"] != other["success"] else "no"
+                flags = f"{name} {any(rep['success'])}, {ref} {any(other['success'])}"
+                lines.append(f"| {key[0]}/{key[1]}/{init_id} | " + " | ".join(cells) + f" | {differs} ({flags}) |")
     return "\n".join(lines)
 
 

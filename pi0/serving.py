@@ -107,7 +107,8 @@ def parse_libero_request(obs: Any, image_size: int, state_dim: int) -> dict[str,
     Raises ValueError naming the offending key and what was expected; runs before any model work.
     """
     if not isinstance(obs, Mapping):
-        raise ValueError(f"an observation must be a msgpack map with keys {list(LIBERO_KEYS)}, got {type(obs).__name__}")
+        raise ValueError(f"an observation must be a msgpack map with keys {list(LIBERO_KEYS)}, "
+                         f"got {type(obs).__name__}")
     missing = [k for k in LIBERO_KEYS if k not in obs]
     if missing:
         raise ValueError(f"observation lacks key(s) {missing}; openpi's LIBERO client sends {list(LIBERO_KEYS)} "
