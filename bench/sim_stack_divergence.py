@@ -144,6 +144,7 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
         info = per_task[tasks[0]] if tasks else {}
         lines.append(f"\n### {name} (mujoco {info.get('mujoco')}, numpy {info.get('numpy')}) vs {ref} "
                      f"(mujoco {ref_res[tasks[0]]['mujoco'] if tasks else '?'})\n")
+        steps = " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS)
         lines.append("| suite | tasks | init states | any object > 1 cm apart | worst object (task/init) | worst eef |")
         lines.append("|---|---|---|---|---|---|")
         for suite in SUITES:
@@ -159,9 +160,24 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
                     worst_eef = max(worst_eef, float(np.linalg.norm(np.subtract(a["_eef"], b["_eef"]))))
             if keys:
                 lines.append(f"| {suite} | {len(keys)} | {n} | {bad} | {_cm(worst[0])} {worst[1]} | {_cm(worst_eef)} |")
+        lines.append("\nReplays per suite (max over replayed init states; object / eef distance after N steps):\n")
+        lines.append(f"| suite | replays | {steps} | success flags differ |")
+        lines.append("|---|---|" + "---|" * (len(REPLAY_CHECKPOINTS) + 1))
+        for suite in SUITES:
+            pairs = [(rep, ref_res[key]["replay"][i]) for key in tasks if key[0] == suite
+                     for i, rep in per_task[key]["replay"].items() if i in ref_res[key]["replay"]]
+            if not pairs:
+                continue
+            cells = []
+            for t in map(str, REPLAY_CHECKPOINTS):
+                d = max(_max_object_distance(a["positions"][t], b["positions"][t])[0] for a, b in pairs)
+                e = max(float(np.linalg.norm(np.subtract(a["positions"][t]["_eef"], b["positions"][t]["_eef"])))
+                        for a, b in pairs)
+                cells.append(f"{_cm(d)} / {_cm(e)}")
+            differ = sum(a["success"] != b["success"] for a, b in pairs)
+            lines.append(f"| {suite} | {len(pairs)} | " + " | ".join(cells) + f" | {differ} of {len(pairs)} |")
         lines.append("\nReplayed identical actions (max object distance / eef distance after N steps, "
                      "0 = bit-identical; any success):\n")
-        steps = " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS)
         lines.append(f"| suite/task/init | {steps} | success differs |")
         lines.append("|---|" + "---|" * (len(REPLAY_CHECKPOINTS) + 1))
         for key in tasks:
