@@ -145,21 +145,25 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
         lines.append(f"\n### {name} (mujoco {info.get('mujoco')}, numpy {info.get('numpy')}) vs {ref} "
                      f"(mujoco {ref_res[tasks[0]]['mujoco'] if tasks else '?'})\n")
         steps = " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS)
-        lines.append("| suite | tasks | init states | any object > 1 cm apart | worst object (task/init) | worst eef |")
+        lines.append("| suite | tasks | init states | any object > 1 cm apart (per task) | worst object (task/init) | worst eef |")
         lines.append("|---|---|---|---|---|---|")
         for suite in SUITES:
             keys = [k for k in tasks if k[0] == suite]
-            n, bad, worst, worst_eef = 0, 0, (0.0, "-"), 0.0
+            n, bad, worst, worst_eef, bad_tasks = 0, 0, (0.0, "-"), 0.0, {}
             for key in keys:
                 for i, (a, b) in enumerate(zip(per_task[key]["first_decision"], ref_res[key]["first_decision"])):
                     d, obj = _max_object_distance(a, b)
                     n += 1
                     bad += d > TOL_M
+                    if d > TOL_M:
+                        bad_tasks[key[1]] = bad_tasks.get(key[1], 0) + 1
                     if d > worst[0]:
                         worst = (d, f"{obj} ({key[1]}/{i})")
                     worst_eef = max(worst_eef, float(np.linalg.norm(np.subtract(a["_eef"], b["_eef"]))))
             if keys:
-                lines.append(f"| {suite} | {len(keys)} | {n} | {bad} | {_cm(worst[0])} {worst[1]} | {_cm(worst_eef)} |")
+                where = ", ".join(f"t{t}: {c}" for t, c in sorted(bad_tasks.items())) or "-"
+                lines.append(f"| {suite} | {len(keys)} | {n} | {bad} ({where}) | {_cm(worst[0])} {worst[1]} | "
+                             f"{_cm(worst_eef)} |")
         lines.append("\nReplays per suite (max over replayed init states; object / eef distance after N steps):\n")
         lines.append(f"| suite | replays | {steps} | success flags differ |")
         lines.append("|---|---|" + "---|" * (len(REPLAY_CHECKPOINTS) + 1))
