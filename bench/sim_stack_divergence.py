@@ -145,7 +145,8 @@ def report(results: dict[str, dict[tuple[str, int], dict]], ref: str) -> str:
         lines.append(f"\n### {name} (mujoco {info.get('mujoco')}, numpy {info.get('numpy')}) vs {ref} "
                      f"(mujoco {ref_res[tasks[0]]['mujoco'] if tasks else '?'})\n")
         steps = " | ".join(f"{t} steps" for t in REPLAY_CHECKPOINTS)
-        lines.append("| suite | tasks | init states | any object > 1 cm apart (per task) | worst object (task/init) | worst eef |")
+        lines.append("| suite | tasks | init states | any object > 1 cm apart (per task) | worst object (task/init) "
+                     "| worst eef |")
         lines.append("|---|---|---|---|---|---|")
         for suite in SUITES:
             keys = [k for k in tasks if k[0] == suite]
