@@ -10,7 +10,7 @@ MESA_PKGS := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: install run test bench clean system-deps
+.PHONY: install run test bench clean system-deps openpi-venv sim-venv
 
 install: $(STAMP) $(SYSSTAMP)
 
@@ -19,7 +19,9 @@ $(VENV)/bin/python:
 	$(VPY) -m pip install -q --upgrade pip
 
 $(STAMP): requirements.lock pyproject.toml | $(VENV)/bin/python
-	$(VPY) -m pip install -q -r requirements.lock
+	grep -v '^openpi-client==' requirements.lock > $(VENV)/.requirements-deps.txt
+	$(VPY) -m pip install -q -r $(VENV)/.requirements-deps.txt
+	$(VPY) -m pip install -q --no-deps $$(grep '^openpi-client==' requirements.lock)  # declares numpy<2; runs on 2
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -44,5 +46,24 @@ test: install
 bench: install
 	$(VPY) bench/sampling.py
 
+# Simulator-only venvs for bench/sim_stack_divergence.py, from their own lock (no torch): `make openpi-venv` is
+# openpi's LIBERO stack (mujoco 3.2.3) in .venv-openpi; `make sim-venv MUJOCO=3.17.0` the same with another mujoco
+# (in .venv-mujoco-3.17.0), to show the divergence of an unpinned stack.
+SIM_LOCK := requirements-openpi-sim.lock
+MUJOCO   ?= 3.2.3
+SIM_VENV ?= $(if $(filter 3.2.3,$(MUJOCO)),.venv-openpi,.venv-mujoco-$(MUJOCO))
+
+openpi-venv:
+	$(MAKE) sim-venv MUJOCO=3.2.3
+
+sim-venv: $(SIM_VENV)/.installed-$(MUJOCO)
+
+$(SIM_VENV)/.installed-$(MUJOCO): $(SIM_LOCK)
+	test -x $(SIM_VENV)/bin/python || $(PY) -m venv $(SIM_VENV)
+	sed 's/^mujoco==.*/mujoco==$(MUJOCO)/' $(SIM_LOCK) > $(SIM_VENV)/requirements.lock
+	$(SIM_VENV)/bin/python -m pip install -q -r $(SIM_VENV)/requirements.lock
+	$(SIM_VENV)/bin/python -c "import mujoco, robosuite, libero.libero; print('mujoco', mujoco.__version__)"
+	touch $@
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-openpi .venv-mujoco-* .pytest_cache

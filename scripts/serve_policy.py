@@ -1,0 +1,65 @@
+"""Policy server: our PyTorch pi0 behind openpi's websocket protocol, so openpi's own clients work unchanged.
+
+Adds: serving. openpi's LIBERO example (examples/libero/main.py), its other example clients and robots that use
+``openpi_client.websocket_client_policy.WebsocketClientPolicy`` connect to this server as to openpi's
+``scripts/serve_policy.py``: msgpack-numpy frames, metadata on connect, ``infer(obs) -> {"actions": (H, 7),
+"server_timing": ...}``, ``GET /healthz``, a traceback frame + close 1011 on an error. Observations use openpi's LIBERO
+keys (observation/image, observation/wrist_image, observation/state, prompt); requests from several clients that
+arrive while the model is busy run as one batch.
+
+    .venv/bin/python scripts/serve_policy.py                                   # tiny embedded default, port 8000
+    .venv/bin/python scripts/serve_policy.py --checkpoint ckpts/pi0_libero --device cuda --port 8000
+    .venv/bin/python scripts/serve_policy.py --checkpoint ckpts/pi0_libero --openpi_bf16_params  # openpi numerics
+(Single process; no torchrun: one model serves all clients.)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from pi0.modeling_pi0 import PI0Policy
+from pi0.presets import tiny_policy
+from pi0.serving import LiberoServingPolicy, PolicyServer
+from pi0.utils.cli import parse_config
+
+
+@dataclass
+class Config:
+    """Server options."""
+
+    checkpoint: str | None = None  # PI0Policy directory; None = tiny embedded default (random weights)
+    host: str = "0.0.0.0"  # as openpi's server: all interfaces; use 127.0.0.1 to serve this machine only
+    port: int = 8000
+    device: str = "cpu"
+    dtype: str | None = None  # "float32" | "bfloat16"; None = as saved
+    openpi_bf16_params: bool = False  # round weights to bf16 as unmodified openpi serving does
+    max_batch: int = 8  # most requests run in one model call
+    seed: int = 0  # torch seed of the flow noise
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Load (or build) the policy, then serve until interrupted."""
+    cfg = parse_config(Config, argv, __doc__)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cfg.port < 0 or cfg.port > 65535:
+        raise SystemExit(f"--port must be in 0..65535 (0 = any free port), got {cfg.port}")
+    torch.manual_seed(cfg.seed)
+    overrides = {"dtype": cfg.dtype} if cfg.dtype else {}
+    if cfg.checkpoint:
+        policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device,
+                                           openpi_bf16_params=cfg.openpi_bf16_params, **overrides)
+    else:
+        policy = tiny_policy(seed=cfg.seed, dtype=cfg.dtype or "float32").to(cfg.device)
+    server = PolicyServer(LiberoServingPolicy(policy, name=cfg.checkpoint or "pi0-tiny-random"),
+                          host=cfg.host, port=cfg.port, max_batch=cfg.max_batch)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        logging.info("stopped")
+
+
+if __name__ == "__main__":
+    main()
