@@ -28,6 +28,7 @@ from pi0.fast_sampler import FastSampler
 from pi0.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 from pi0.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.paligemma_with_expert import KVCache, PaliGemmaWithExpert
+from pi0.policy_io import Observation, PolicyIO
 from pi0.tokenizer import PaligemmaTokenizer
 
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
@@ -316,10 +317,7 @@ class PolicyConfig:
         return cls(**data)
 
 
-Observation = dict[str, Any]  # {"image": {key: (B,3,224,224) uint8}, "state": (B,S) float, "prompt": [str]}
-
-
-class PI0Policy(nn.Module):
+class PI0Policy(PolicyIO, nn.Module):
     """pi0 with openpi's policy I/O: normalization, tokenization, cameras, action chunking."""
 
     def __init__(self, config: PolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
@@ -342,59 +340,11 @@ class PI0Policy(nn.Module):
             raise ValueError(f"tokenizer has {tokenizer.vocab_size} pieces > model vocab {config.model.vocab_size}")
         self._queue: collections.deque[torch.Tensor] = collections.deque()
 
-    @property
-    def state_dim(self) -> int:
-        """Raw state width (from the norm stats)."""
-        return self.norm_stats["state"].dim
-
-    @property
-    def action_dim(self) -> int:
-        """Env action width (from the norm stats)."""
-        return self.norm_stats["actions"].dim
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the weights."""
-        return next(self.parameters()).device
-
     # ------------------------------------------------------------------ inputs
     def prepare_inputs(self, observation: Observation) -> dict[str, Any]:
         """Validate an observation and build model inputs (images in [-1,1], masks, tokens, padded normalized state)."""
-        if not isinstance(observation, dict) or "image" not in observation or "state" not in observation:
-            raise ValueError("observation must be a dict with keys 'image', 'state' and 'prompt'")
-        imgs = observation["image"]
-        unknown = sorted(set(imgs) - set(self.config.image_keys))
-        if unknown:
-            raise ValueError(f"unknown camera key(s) {unknown}; valid keys are {list(self.config.image_keys)}")
-        present = [k for k in self.config.image_keys if k in imgs]
-        if not present:
-            raise ValueError(f"observation has no image; give at least one of {list(self.config.image_keys)}")
-        state = torch.as_tensor(observation["state"])
-        if state.ndim != 2 or state.shape[1] != self.state_dim:
-            raise ValueError(f"state must be (B, {self.state_dim}), got {tuple(state.shape)}")
-        b = state.shape[0]
-        prompts = observation.get("prompt")
-        if prompts is None:
-            raise ValueError("observation lacks 'prompt' (a list of B strings)")
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        if len(prompts) != b:
-            raise ValueError(f"{len(prompts)} prompts for a batch of {b}")
-        size = self.config.model.vision.image_size
+        images, masks, state, prompts = self.observation_inputs(observation)
         device = self.device
-        images, masks = [], []
-        for key in self.config.image_keys:
-            if key in imgs:
-                img = torch.as_tensor(imgs[key])
-                if img.dtype != torch.uint8 or tuple(img.shape) != (b, 3, size, size):
-                    raise ValueError(
-                        f"image '{key}' must be uint8 (B, 3, {size}, {size}) with B={b}; got {img.dtype} "
-                        f"{tuple(img.shape)} (resize with pi0.transforms.resize_with_pad, channels first)")
-                mask = torch.ones(b, dtype=torch.bool)
-            else:  # as in openpi LiberoInputs: a missing camera is a zero image with mask False
-                img = torch.zeros(b, 3, size, size, dtype=torch.uint8)
-                mask = torch.zeros(b, dtype=torch.bool)
-            images.append(img.to(device).float() / 255.0 * 2.0 - 1.0)
-            masks.append(mask.to(device))
         tokens, tok_mask = self.tokenizer(prompts)
         norm_state = normalize(state, self.norm_stats["state"], self.config.normalization)
         padded = F.pad(norm_state, (0, self.config.model.action_dim - self.state_dim)).to(torch.float32)

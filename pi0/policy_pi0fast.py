@@ -29,6 +29,7 @@ from pi0.config import CAMERA_KEYS, check_keys
 from pi0.fast_tokenizer import FASTTokenizer, synthetic_chunks
 from pi0.modeling_pi0fast import PALIGEMMA_EOS_TOKEN, PI0FASTModel, Pi0FASTConfig
 from pi0.normalize import MODES, NormStats, load_norm_stats, normalize, save_norm_stats, unnormalize
+from pi0.policy_io import Observation, PolicyIO
 from pi0.tokenizer import PaligemmaTokenizer
 
 MODEL_TYPE = "pi0fast"
@@ -166,10 +167,9 @@ class FASTPolicyConfig:
         return cls(**data)
 
 
-Observation = dict[str, Any]  # {"image": {key: (B,3,224,224) uint8}, "state": (B,S), "prompt": [str]}
 
 
-class PI0FASTPolicy(nn.Module):
+class PI0FASTPolicy(PolicyIO, nn.Module):
     """pi0-FAST with openpi's policy I/O and the same API as ``PI0Policy``."""
 
     def __init__(self, config: FASTPolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
@@ -201,49 +201,11 @@ class PI0FASTPolicy(nn.Module):
                                                vocab_size=min(1024, room))
         return cls(config, norm_stats, tokenizer, fast_tokenizer, model)
 
-    @property
-    def state_dim(self) -> int:
-        """Raw state width (from the norm stats)."""
-        return self.norm_stats["state"].dim
-
-    @property
-    def action_dim(self) -> int:
-        """Env action width (from the norm stats)."""
-        return self.norm_stats["actions"].dim
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the weights."""
-        return next(self.parameters()).device
-
     # ------------------------------------------------------------------ inputs
     def prepare_inputs(self, observation: Observation, actions: torch.Tensor | None = None) -> dict[str, Any]:
         """Validate an observation (+ raw (B,H,A) actions for training) -> model inputs."""
-        if not isinstance(observation, dict) or "image" not in observation or "state" not in observation:
-            raise ValueError("observation must be a dict with keys 'image', 'state' and 'prompt'")
-        imgs = observation["image"]
-        unknown = sorted(set(imgs) - set(self.config.image_keys))
-        if unknown:
-            raise ValueError(f"unknown camera key(s) {unknown}; valid keys are {list(self.config.image_keys)}")
-        if not any(k in imgs for k in self.config.image_keys):
-            raise ValueError(f"observation has no image; give at least one of {list(self.config.image_keys)}")
-        state = torch.as_tensor(observation["state"])
-        if state.ndim != 2 or state.shape[1] != self.state_dim:
-            raise ValueError(f"state must be (B, {self.state_dim}), got {tuple(state.shape)}")
-        b = state.shape[0]
-        prompts = observation.get("prompt")
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
-        if len(prompts) != b:
-            raise ValueError(f"observation needs 'prompt': a list of {b} strings, got {len(prompts)}")
-        size, dev = self.config.model.vision.image_size, self.device
-        images, masks = [], []
-        for key in self.config.image_keys:
-            img = torch.as_tensor(imgs[key]) if key in imgs else torch.zeros(b, 3, size, size, dtype=torch.uint8)
-            if img.dtype != torch.uint8 or tuple(img.shape) != (b, 3, size, size):
-                raise ValueError(f"image '{key}' must be uint8 (B, 3, {size}, {size}) with B={b}; got {img.dtype} "
-                                 f"{tuple(img.shape)} (resize with pi0.transforms.resize_with_pad, channels first)")
-            images.append(img.to(dev).float() / 255.0 * 2.0 - 1.0)
-            masks.append(torch.full((b,), key in imgs, dtype=torch.bool, device=dev))
+        images, masks, state, prompts = self.observation_inputs(observation)
+        b, dev = state.shape[0], self.device
         mode = self.config.normalization
         norm_state = normalize(state, self.norm_stats["state"], mode).numpy()
         norm_actions = None
