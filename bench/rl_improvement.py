@@ -37,9 +37,9 @@ class Config:
     task_ids: list[int] = field(default_factory=lambda: [4])
     num_demos: int = 20  # expert demos per task (init states 0..n-1) for the warm start
     sft_steps: int = 1000  # warm-start SFT steps (cached)
-    train_states: int = 100  # RL init states per task (0..n-1, includes the demo states)
-    eval_start: int = 150  # held-out init states eval_start.. (never trained on)
-    eval_states: int = 40
+    train_states: int = 120  # RL init states per task (0..n-1, includes the demo states)
+    eval_start: int = 120  # held-out init states eval_start.. (never trained on; the arena runner has 200)
+    eval_states: int = 80  # 40 states read 0.05-0.22 for one policy across flow-noise seeds
     minutes: float = 20.0  # RL wall-clock budget (rollouts + updates + periodic evals)
     eval_every: int = 4
     num_groups: int = 4
