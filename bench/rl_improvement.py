@@ -81,6 +81,10 @@ def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt:
 def main(argv: list[str] | None = None) -> dict:
     """Run the bench and print the summary line."""
     cfg = parse_config(Config, argv, __doc__)
+    if cfg.train_states > cfg.eval_start or cfg.eval_start + cfg.eval_states > 200:
+        raise ValueError(f"RL states 0..{cfg.train_states - 1} must not overlap the held-out states "
+                         f"{cfg.eval_start}..{cfg.eval_start + cfg.eval_states - 1}, which must lie below 200 (the "
+                         "arena runner's init states): set --train_states <= --eval_start and eval_start+eval_states <= 200")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
