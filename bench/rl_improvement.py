@@ -37,9 +37,9 @@ class Config:
     task_ids: list[int] = field(default_factory=lambda: [4])
     num_demos: int = 20  # expert demos per task (init states 0..n-1) for the warm start
     sft_steps: int = 1000  # warm-start SFT steps (cached)
-    train_states: int = 100  # RL init states per task (0..n-1, includes the demo states)
-    eval_start: int = 150  # held-out init states eval_start.. (never trained on)
-    eval_states: int = 40
+    train_states: int = 120  # RL init states per task (0..n-1, includes the demo states)
+    eval_start: int = 120  # held-out init states eval_start.. (never trained on; the arena runner has 200)
+    eval_states: int = 80  # 40 states read 0.05-0.22 for one policy across flow-noise seeds
     minutes: float = 20.0  # RL wall-clock budget (rollouts + updates + periodic evals)
     eval_every: int = 4
     num_groups: int = 4
@@ -52,7 +52,11 @@ class Config:
     epochs: int = 1
     minibatch_size: int = 32
     image_size: int = 56
+    patch_size: int = 14  # SigLIP patch (image_size // patch_size)^2 tokens per camera
+    vision_width: int = 32
     depth: int = 2
+    demo_noise: float = 0.0  # > 0: demos execute a noisy expert, labelled with clean expert chunks (DART)
+    sft_lr: float = 1e-3  # warm start and continued-SFT baseline
     threads: int = 1  # torch threads (1 is fastest on a loaded 2-core machine: no spin-waiting)
     seed: int = 0
     out: str = "runs/bench_rl"
@@ -63,7 +67,7 @@ class Config:
 def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt: OptimizerConfig,
                  held_out: list) -> None:
     """Continued SFT of the cached warm start on the same demos for ``minutes``, then held-out success."""
-    policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt)
+    policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise)
     t0 = time.perf_counter()
     opt = sft(policy, windows, sft_opt, seconds=cfg.minutes * 60, seed=cfg.seed + 1)
     minutes = (time.perf_counter() - t0) / 60
@@ -77,16 +81,21 @@ def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt:
 def main(argv: list[str] | None = None) -> dict:
     """Run the bench and print the summary line."""
     cfg = parse_config(Config, argv, __doc__)
+    if cfg.train_states > cfg.eval_start or cfg.eval_start + cfg.eval_states > 200:
+        raise ValueError(f"RL states 0..{cfg.train_states - 1} must not overlap the held-out states "
+                         f"{cfg.eval_start}..{cfg.eval_start + cfg.eval_states - 1}, which must lie below 200 (the "
+                         "arena runner's init states): set --train_states <= --eval_start and eval_start+eval_states <= 200")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
-    tcfg = TinyArenaConfig(image_size=cfg.image_size, depth=cfg.depth, seed=cfg.seed)
-    sft_opt = OptimizerConfig(lr=1e-3, minibatch_size=32)
+    tcfg = TinyArenaConfig(image_size=cfg.image_size, patch_size=cfg.patch_size, vision_width=cfg.vision_width,
+                           depth=cfg.depth, seed=cfg.seed)
+    sft_opt = OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32)
     demo_states = [(t, i) for t in cfg.task_ids for i in range(cfg.num_demos)]
     t0 = time.perf_counter()
-    policy, windows, ckpt = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt)
+    policy, windows, ckpt = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise)
     print(f"warm start: {len(windows)} demo windows from {len(demo_states)} demos, {cfg.sft_steps} SFT steps "
           f"({time.perf_counter() - t0:.0f}s, cached at {ckpt})", flush=True)
     held_out = [(t, i) for t in cfg.task_ids for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]

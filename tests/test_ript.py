@@ -284,3 +284,24 @@ def test_negative_weight_scales_non_positive_windows(arena_policy):
     half, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.5).loss(batch, torch.Generator().manual_seed(0))
     assert float(full.detach()) > 0 and float(zero.detach()) == 0.0
     torch.testing.assert_close(half, full / 2)
+
+
+def test_noisy_demos_execute_noise_but_keep_clean_expert_labels():
+    from pi0.envs.arena import ArenaExpert, ArenaState
+    from pi0.ript.warm_start import collect_expert_demos
+
+    runner = arena_runner(2, replan_steps=5, resolution=32)
+    try:
+        clean = collect_expert_demos(runner, [(4, 0)], horizon=10)
+        noisy = collect_expert_demos(runner, [(4, 0)], horizon=10, noise=0.3, seed=1)
+    finally:
+        runner.close()
+    (ec, cc), (en, cn) = clean[0], noisy[0]
+    # noise-free: the executed actions are the label chunk's first steps
+    np.testing.assert_allclose(ec.decisions[0].actions, cc[0][: len(ec.decisions[0].actions)])
+    # noisy: executed actions differ from the labels, and each label is the clean expert's chunk at that state
+    d = en.decisions[1]
+    assert np.abs(d.actions[:, :3] - cn[1][: len(d.actions), :3]).max() > 0.05
+    ref = ArenaExpert().predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), 10)
+    np.testing.assert_allclose(cn[1], ref)
+    assert cn[1].min() >= -1 and cn[1].max() <= 1

@@ -65,12 +65,17 @@ def arena_runner(num_envs: int, replan_steps: int, resolution: int = 64, max_ste
                                                   max_steps=max_steps))
 
 
-def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int
-                         ) -> list[tuple[Episode, np.ndarray]]:
-    """Noise-free expert episodes on ``states`` + their full expert chunks (D, H, 7) at every decision point."""
+def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int,
+                         noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
+    """Expert episodes on ``states`` + the noise-free expert chunks (D, H, 7) at every decision point.
+
+    ``noise > 0`` executes a noisy expert (action-noise std) but keeps the clean chunks as labels, so the demos
+    visit off-path states with corrective labels (DART-style noise injection); 0 = the plain noise-free expert.
+    """
     from pi0.envs.arena import ArenaExpert, ArenaState
 
-    episodes = runner.run(list(states), group_size=1, policy=ArenaExpertPolicy(horizon=horizon))
+    episodes = runner.run(list(states), group_size=1,
+                          policy=ArenaExpertPolicy(horizon=horizon, noise=noise, seed=seed if noise > 0 else None))
     expert = ArenaExpert()
     return [(e, np.stack([expert.predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), horizon)
                           for d in e.decisions])) for e in episodes]
@@ -117,22 +122,24 @@ def sft(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, 
 
 
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
-                   opt_cfg: OptimizerConfig) -> str:
+                   opt_cfg: OptimizerConfig, demo_noise: float = 0.0) -> str:
     """Cache key of a warm-started checkpoint."""
-    blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg)], sort_keys=True)
+    extra = [demo_noise] if demo_noise else []  # keeps the keys of noise-free warm starts unchanged
+    blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg), *extra],
+                      sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
-                      opt_cfg: OptimizerConfig, cache_dir: Path | None = None, resolution: int = 64
-                      ) -> tuple[PI0Policy, list[Window], Path]:
+                      opt_cfg: OptimizerConfig, cache_dir: Path | None = None, resolution: int = 64,
+                      demo_noise: float = 0.0) -> tuple[PI0Policy, list[Window], Path]:
     """SFT'd tiny policy + its demo windows, computed once and cached under ``<cache>/ript_warm_start/<key>``."""
     root = (cache_dir or default_cache_dir()) / "ript_warm_start" / warm_start_key(cfg, demo_states, sft_steps,
-                                                                                  opt_cfg)
+                                                                                  opt_cfg, demo_noise)
     torch.manual_seed(cfg.seed)
     runner = arena_runner(8, cfg.n_action_steps, resolution)
     try:
-        demos = collect_expert_demos(runner, demo_states, cfg.action_horizon)
+        demos = collect_expert_demos(runner, demo_states, cfg.action_horizon, demo_noise, cfg.seed)
     finally:
         runner.close()
     if (root / "model.safetensors").is_file():
