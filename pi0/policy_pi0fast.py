@@ -167,8 +167,6 @@ class FASTPolicyConfig:
         return cls(**data)
 
 
-
-
 class PI0FASTPolicy(PolicyIO, nn.Module):
     """pi0-FAST with openpi's policy I/O and the same API as ``PI0Policy``."""
 
