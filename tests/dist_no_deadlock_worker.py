@@ -26,5 +26,6 @@ ref = flat.clone()
 dist.broadcast(ref, 0)
 same = bool(torch.equal(flat, ref))
 print(f"rank {info.rank} steps {int(st['steps'])} windows {len(windows)} params_equal {same}", flush=True)
+dist.barrier()  # neither rank tears gloo down while the other still talks to it
 dist.destroy_process_group()
 sys.exit(0 if same and st["steps"] > 0 else 1)
