@@ -1,17 +1,24 @@
-"""What stages 7 and 8 share: the policy (a checkpoint or the cached tiny arena warm start), the runner
-(arena in-process or LIBERO subprocess workers), init-state splits, TensorBoard and checkpoints."""
+"""What stages 7 and 8 share: their options (:class:`StageConfig`), the policy (a checkpoint or the cached tiny
+arena warm start), the runner (arena in-process or LIBERO subprocess workers), init-state splits, TensorBoard,
+and the training loop with its checkpoints (:func:`run_stage`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pi0.modeling_pi0 import PI0Policy
+import torch
+from tqdm import tqdm
+
 from pi0.envs import make_env_spec
+from pi0.modeling_pi0 import PI0Policy
 from pi0.rollout import RolloutRunner, libero_runner_config
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
+from pi0.ript.init_states import InitStateHistory, InitStateSampler
+from pi0.ript.trainer import RIPTTrainer, RLConfig
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, cached_warm_start
 
 ENVS = ("arena", "libero")
@@ -61,3 +68,60 @@ def make_writer(out_dir: str | Path) -> Any:
         return None
     from torch.utils.tensorboard import SummaryWriter
     return SummaryWriter(str(Path(out_dir) / "tb"))
+
+
+@dataclass
+class StageConfig:
+    """Options shared by stages 7 and 8 (each field is a ``--flag``; stage 8 adds its own)."""
+
+    env: str = "arena"  # "arena" | "libero"
+    suite: str = "libero_spatial"
+    task_ids: list[int] = field(default_factory=lambda: [4])
+    checkpoint: str = ""  # default: tiny arena warm start (cached) / tiny random pi0 for LIBERO
+    iterations: int = 5
+    num_groups: int = 4  # B init states per iteration
+    group_size: int = 4  # K rollouts per init state
+    train_states: int = 40  # training init states per task: 0..n-1
+    eval_start: int = 40  # held-out init states eval_start..eval_start+eval_states-1
+    eval_states: int = 10
+    cfg_guidance: float = 1.0
+    p_uncond: float = 0.3
+    target: str = "model_actions"  # "model_actions" | "executed"
+    lr: float = 3e-4
+    minibatch_size: int = 32
+    num_envs: int = 16
+    max_steps: int = 0  # 0: the env's limit
+    save_every: int = 5
+    threads: int = 1
+    seed: int = 0
+    out_dir: str = "runs/stage7"
+
+    def rl_config(self, opt: OptimizerConfig, **changes: Any) -> RLConfig:
+        """The trainer's RLConfig from these options (+ stage-specific ``changes``)."""
+        return RLConfig(num_groups=self.num_groups, group_size=self.group_size, p_uncond=self.p_uncond,
+                        cfg_guidance=self.cfg_guidance, target=self.target, seed=self.seed, opt=opt, **changes)
+
+
+def run_stage(cfg: StageConfig, rl: RLConfig, desc: str, line: Callable[[dict[str, float]], str],
+              history: InitStateHistory | None = None, history_path: Path | None = None) -> list[dict[str, float]]:
+    """The loop of stages 7 and 8: train ``cfg.iterations`` iterations, print ``line(scalars)`` per iteration,
+    save checkpoints every ``save_every`` iterations (and the history each iteration), then the curve."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    train, held_out = split_states(cfg.task_ids, cfg.train_states, cfg.eval_start, cfg.eval_states)
+    policy = load_policy(cfg.env, cfg.checkpoint, cfg.task_ids)
+    with make_runner(cfg.env, cfg.suite, cfg.task_ids, policy, cfg.num_envs, cfg.max_steps) as runner:
+        trainer = RIPTTrainer(policy, runner, InitStateSampler(train, cfg.seed), rl, held_out, history=history,
+                              writer=make_writer(out))
+        for it in tqdm(range(cfg.iterations), desc=desc):
+            st = trainer.step()
+            if history is not None and history_path is not None:
+                history.save(history_path)
+            tqdm.write(f"iter {it + 1}: {line(st)}")
+            if (it + 1) % cfg.save_every == 0 or it + 1 == cfg.iterations:
+                policy.save_pretrained(out / "checkpoints" / f"iter_{it + 1:04d}")
+    trainer.save_curve(out / "curve.json")
+    print(f"saved {out / 'checkpoints'} and {out / 'curve.json'}"
+          + (f" and the history {history_path}" if history_path is not None else ""))
+    return trainer.curve
