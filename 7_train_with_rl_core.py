@@ -1,41 +1,43 @@
 r"""Stage 7: the RIPT RL core. Adds: improving a policy from interaction.
 
 One process: sample B init states, collect K rollouts of each (a group) with the current policy, binary success
-rewards, leave-one-out (RLOO) advantages, then one CFG-style advantage-conditioned flow-matching update (positive
-rollouts train the "optimality"-conditioned branch, condition dropout trains the unconditioned one; sampling uses
-v = v_u + w (v_c - v_u)), and evaluation on held-out init states. TensorBoard scalars under <out_dir>/tb,
-checkpoints (PI0Policy.save_pretrained) under <out_dir>/checkpoints.
+rewards, leave-one-out (RLOO) advantages, then ONE CFG-style advantage-conditioned flow-matching update pass
+(positive rollouts train the "optimality"-conditioned branch, condition dropout trains the unconditioned one;
+sampling uses v = v_u + w (v_c - v_u)), and evaluation on held-out init states.
 
-    .venv/bin/python 7_train_with_rl_core.py --iterations 5                      # arena, tiny warm-started pi0
-    MUJOCO_GL=egl .venv/bin/python 7_train_with_rl_core.py --env libero --suite libero_spatial --task_ids 0 \
-        --iterations 1 --num_groups 1 --group_size 2 --max_steps 20 --eval_states 1 --num_envs 2
-    # one runner per rank is not needed here: RL on one machine is one process (the runner has env workers)
+Configured by the one typed config tree (pi0.ript.config: sections algo, task, env, distributed, features,
+logging): --config_path takes a bundled preset name or a YAML file (default: stage7_rl_core, a tiny arena run of
+well under a minute on CPU) and key=value arguments override it. An unknown key or a bad value stops the run
+before any work with one line (`error: ...`, exit 2). Stage 7 runs the core only and REFUSES (same one-line error,
+naming the key) a config with features.enable_smart_sampling=true (dynamic sampling and the init-state history
+are stage 8) or algo.opt.epochs != 1; it is single-process (torchrun: stages 10-11). Writes
+<logging.out_dir>/<logging.run_name>/: config.yaml (resolved), tb/, curve.json, success.png, checkpoints/, final/.
+
+    .venv/bin/python 7_train_with_rl_core.py                                   # arena, tiny warm-started pi0
+    .venv/bin/python 7_train_with_rl_core.py algo.iterations=10 algo.cfg_guidance=1.5 task.task_ids=[3,4]
+    MUJOCO_GL=egl .venv/bin/python 7_train_with_rl_core.py task.env=libero task.suite=libero_spatial \
+        task.task_ids=[0] features.enable_parallel_envs=true env.runner.num_envs=2 env.runner.max_steps=20 \
+        algo.iterations=1 algo.num_groups=1 algo.group_size=2 task.eval_states=1   # tiny random pi0: smoke run
+    # real weights on a GPU: add task.checkpoint=ckpts/pi0_libero device=cuda
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pi0.errors import run_cli
+from pi0.ript.config import StageRules
+from pi0.ript.utils.train_loop import cli_main
 
-from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
-from pi0.ript.stage_setup import StageConfig, run_stage
-from pi0.utils.cli import parse_config
-
-
-@dataclass
-class Config(StageConfig):
-    """Stage 7 options (all shared with stage 8: see pi0.ript.stage_setup.StageConfig)."""
+RULES = StageRules("7_train_with_rl_core.py", single_process=True, fixed={
+    "features.enable_smart_sampling": (False, "dynamic sampling and the init-state history are stage 8: "
+                                              "8_train_with_epochs.py"),
+    "algo.opt.epochs": (1, "stage 7 makes one update pass per iteration; epochs are stage 8: 8_train_with_epochs.py"),
+})
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """Train and report."""
-    cfg = parse_config(Config, argv, __doc__)
-    rl = cfg.rl_config(OptimizerConfig(lr=cfg.lr, minibatch_size=cfg.minibatch_size), dynamic_sampling=False)
-    return run_stage(cfg, rl, "RIPT-CFG", lambda st: (
-        f"rollout success {st['rollout/success_rate']:.2f}, positives {st['train/frac_positive']:.2f}, loss cond "
-        f"{st.get('train/loss_cond', float('nan')):.4f} uncond {st.get('train/loss_uncond', float('nan')):.4f}, "
-        f"held-out success {st.get('eval/success_rate', float('nan')):.2f}, rollout {st['time/rollout_s']:.1f}s "
-        f"update {st['time/update_s']:.1f}s"))
+    """Load + validate the config, check stage 7's rules, train."""
+    return cli_main(argv, "stage7_rl_core", __doc__, RULES)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

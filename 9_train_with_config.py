@@ -1,9 +1,12 @@
-r"""Stage 9: RIPT-CFG training configured from one typed YAML config (+ key=value overrides), validated at load.
+r"""Stage 9: the RIPT-CFG job from one typed YAML config (+ key=value overrides), without stage rules.
 
-Adds to stages 7/8: the config tree of pi0.ript.config (sections algo, task, env, distributed, features, logging),
-bundled presets (pi0/ript/config/*.yaml), validation before any work (unknown key, wrong type, out-of-range value,
-unknown task id, missing checkpoint -> one-line error, exit 2), the resolved config saved as
-<out_dir>/<run_name>/config.yaml, and --resume from the run's latest checkpoint.
+The config tree of pi0.ript.config (sections algo, task, env, distributed, features, logging), its loader and its
+training loop (pi0.ript.utils.train_loop) are the ones stages 7 and 8 run on: validated at load (an unknown key,
+wrong type, out-of-range value, unknown task id or missing checkpoint -> one-line error, exit 2), the resolved
+config saved as <out_dir>/<run_name>/config.yaml, --resume from the run's latest checkpoint. Stages 7 and 8 keep
+within their rules (stage 7: no smart sampling, one update pass); stage 9 adds the general entry point: any bundled
+preset (pi0/ript/config/*.yaml) or YAML file with any combination of the feature flags (parallel envs, the
+RIPT-VLA runner, videos, LR warm-up, resumable checkpoints); default preset train_pi0_cfg_rl (a longer arena run).
 
     .venv/bin/python 9_train_with_config.py --config_path train_pi0_cfg_rl algo.iterations=5
     .venv/bin/python 9_train_with_config.py --config_path my.yaml --resume

@@ -16,7 +16,7 @@ from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import (PI0_CFG_Adapter, cfg
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
 from pi0.ript.algos.rl_optimizers.rollout_generator import RolloutGenerator
 from pi0.ript.algos.rloo import informative_groups, optimality_labels, rloo_advantages
-from pi0.ript.init_states import InitStateHistory, InitStateSampler
+from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.reward_function import BinarySuccessReward
 from pi0.ript.trainer import RIPTTrainer, RLConfig, enable_optimality_condition
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
@@ -207,6 +207,14 @@ def test_positive_windows_train_the_condition(arena_policy):
     assert not torch.equal(arena_policy.model.optimality_embedding, emb)
 
 
+def test_split_states_train_and_held_out_are_disjoint():
+    train, held = split_states([4, 1], 3, 5, 2)
+    assert train == {4: range(3), 1: range(3)} and held == [(4, 5), (4, 6), (1, 5), (1, 6)]
+    assert split_states([0], 5, 3, 0)[1] == []  # no held-out states: nothing to overlap
+    with pytest.raises(ValueError, match="overlap"):
+        split_states([0], 5, 3, 2)
+
+
 def test_bounded_collection_when_everything_succeeds():
     runner = arena_runner(4, replan_steps=10, resolution=32)
     try:
@@ -237,42 +245,6 @@ def test_one_rl_iteration_changes_parameters(arena_policy):
         assert any(not torch.equal(a, b) for a, b in zip(before, arena_policy.model.parameters()))
     finally:
         runner.close()
-
-
-# ----------------------------------------------------------------------------- stages 7 / 8 (one tiny iteration)
-@pytest.mark.slow
-@pytest.mark.parametrize("script", ["7_train_with_rl_core.py", "8_train_with_epochs.py"])
-def test_stage_runs_one_iteration_and_saves(script, tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2),
-                            default_norm_stats(8, 7))
-    ckpt = pol.save_pretrained(tmp_path / "init")
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, script, "--checkpoint", str(ckpt), "--iterations", "1", "--num_groups", "1",
-                        "--group_size", "2", "--max_steps", "6", "--eval_states", "1", "--num_envs", "2",
-                        "--out_dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "iter 1:" in r.stdout and (out / "checkpoints" / "iter_0001" / "model.safetensors").is_file()
-    loaded = PI0Policy.from_pretrained(out / "checkpoints" / "iter_0001")
-    assert loaded.config.model.optimality_condition
-    assert any((out / "tb").iterdir())
-    if script.startswith("8"):
-        assert json.loads((out / "history.json").read_text())["states"][0]["task_id"] == 4
-
-
-def test_stage_rejects_missing_checkpoint(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    r = subprocess.run([sys.executable, "8_train_with_epochs.py", "--checkpoint", str(tmp_path / "nope")], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "does not exist" in r.stderr
 
 
 def test_negative_weight_scales_non_positive_windows(arena_policy):

@@ -1,11 +1,17 @@
 """The stage scripts run end to end as users launch them (tiny embedded default, fast built-in env)."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO
+
+# Stages 7/8 from their presets, shrunk to one tiny iteration (a few seconds on CPU).
+TINY_RL = ["algo.iterations=1", "algo.num_groups=2", "algo.group_size=2", "task.train_states=4", "task.eval_start=4",
+           "task.eval_states=1", "task.warm_start_demos=2", "task.warm_start_steps=5", "env.runner.num_envs=4",
+           "env.runner.max_steps=15"]
 
 
 def _run(*args: str, timeout: int = 300) -> str:
@@ -45,3 +51,69 @@ def test_stage6_batches_groups_over_workers():
 def test_stage3_env_smoke(tmp_path):
     out = _run("scripts/3_env_smoke.py", "--steps", "5", "--out_dir", str(tmp_path))
     assert "agentview_image" in out and len(list(tmp_path.glob("*.mp4"))) == 1
+
+
+@pytest.mark.parametrize("script, run_name", [("7_train_with_rl_core.py", "stage7_rl_core"),
+                                              ("8_train_with_epochs.py", "stage8_epochs")])
+def test_stage7_and_8_run_from_their_presets(tmp_path, script, run_name):
+    from pi0.modeling_pi0 import PI0Policy
+    from pi0.ript.config import load_config
+
+    out = _run(script, *TINY_RL, f"logging.out_dir={tmp_path}")
+    assert "iter 1: success" in out and "iter 2" not in out
+    run = tmp_path / run_name
+    cfg = load_config(str(run / "config.yaml"))  # the resolved config, saved with the run, loads back
+    stage8 = script.startswith("8")
+    assert (cfg.algo.iterations, cfg.task.train_states, cfg.features.enable_smart_sampling) == (1, 4, stage8)
+    assert cfg.algo.dynamic_sampling is stage8 and cfg.algo.opt.epochs == (2 if stage8 else 1)
+    assert (run / "checkpoints" / "iter_0001" / "model.safetensors").is_file() and any((run / "tb").iterdir())
+    assert PI0Policy.from_pretrained(run / "final").config.model.optimality_condition
+    assert [c["iteration"] for c in json.loads((run / "curve.json").read_text())] == [0.0, 1.0]  # before RL, iter 1
+    if stage8:
+        hist = json.loads((run / "history.json").read_text())
+        assert hist["reprobe_after"] == 3 and {e["task_id"] for e in hist["states"]} == {4}
+    else:
+        assert not (run / "history.json").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["7_train_with_rl_core.py", "algo.nonexistent=1"], ["algo.nonexistent", "allowed keys", "num_groups"]),
+    (["7_train_with_rl_core.py", "features.enable_smart_sampling=true"],
+     ["features.enable_smart_sampling", "allowed: False", "8_train_with_epochs.py"]),
+    (["7_train_with_rl_core.py", "--config_path", "train_pi0_cfg_rl"], ["features.enable_smart_sampling"]),
+    (["7_train_with_rl_core.py", "features.enable_smart_sampling=false", "algo.opt.epochs=2"],
+     ["algo.opt.epochs", "allowed: 1"]),
+    (["8_train_with_epochs.py", "task.checkpoint=/no/ckpt"], ["task.checkpoint", "does not exist"]),
+    (["8_train_with_epochs.py", "algo.opt.epochs=0"], ["algo.opt.epochs", ">= 1"]),
+    (["8_train_with_epochs.py", "--config_path", "/no/such.yaml"], ["--config_path", "does not exist"]),
+])
+def test_stage7_and_8_user_errors_name_the_key(args, words):
+    r = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+def test_stage7_and_8_refuse_torchrun(monkeypatch):
+    from pi0.errors import UserError
+    from pi0.ript.config import StageRules, load_config
+
+    rules = StageRules("8_train_with_epochs.py", single_process=True)
+    cfg = load_config("stage8_epochs")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="single-process .* WORLD_SIZE=2"):
+        rules.check(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert rules.check(cfg) is cfg
+
+
+@pytest.mark.libero
+@pytest.mark.slow
+@pytest.mark.parametrize("script, run_name", [("7_train_with_rl_core.py", "stage7_rl_core"),
+                                              ("8_train_with_epochs.py", "stage8_epochs")])
+def test_stage7_and_8_libero_smoke(tmp_path, script, run_name):
+    out = _run(script, "task.env=libero", "task.suite=libero_spatial", "task.task_ids=[0]",
+               "features.enable_parallel_envs=true", "env.runner.num_envs=2", "env.runner.max_steps=10",
+               "algo.iterations=1", "algo.num_groups=1", "algo.group_size=2", "algo.max_collect_attempts=1",
+               "task.eval_states=1", f"logging.out_dir={tmp_path}", timeout=600)
+    assert "iter 1: success" in out and (tmp_path / run_name / "final" / "model.safetensors").is_file()

@@ -28,9 +28,9 @@ def test_every_preset_loads_and_validates(name):
 
 
 def test_required_presets_are_bundled():
-    need = {"debug_train_pi0", "train_pi0_cfg_rl", "single_gpu_test", "multi_env_test", "distributed_train_pi0",
-            "debug_distributed_train", "stage11_ript_vla", "libero_spatial", "libero_object", "libero_goal",
-            "libero_10", "libero_90"}
+    need = {"stage7_rl_core", "stage8_epochs", "debug_train_pi0", "train_pi0_cfg_rl", "single_gpu_test",
+            "multi_env_test", "distributed_train_pi0", "debug_distributed_train", "stage11_ript_vla", "libero_spatial",
+            "libero_object", "libero_goal", "libero_10", "libero_90"}
     assert need <= set(presets())
 
 

@@ -1,4 +1,4 @@
-"""Init-state sampling across tasks and the per-state history used to skip solved states (RIPT stage 8)."""
+"""Init-state splits and sampling across tasks, and the per-state history used to skip solved states (stage 8)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+
+
+def split_states(task_ids: Sequence[int], train: int, eval_start: int, eval_count: int
+                 ) -> tuple[dict[int, range], list[tuple[int, int]]]:
+    """Training ids 0..train-1 per task and held-out eval pairs eval_start..eval_start+eval_count-1."""
+    if eval_count and eval_start < train:
+        raise ValueError(f"held-out init states start at {eval_start} < train_states {train}: they would overlap")
+    return ({int(t): range(train) for t in task_ids},
+            [(int(t), i) for t in task_ids for i in range(eval_start, eval_start + eval_count)])
 
 
 class InitStateSampler:

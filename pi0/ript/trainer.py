@@ -1,4 +1,4 @@
-"""The RIPT-CFG loop shared by stages 7/8 and the bench: collect groups -> RLOO -> CFG flow update -> eval.
+"""One RIPT-CFG iteration (stages 7-11 through pi0.ript.utils.train_loop; the bench): collect, RLOO, update, eval.
 
 One iteration: ``RolloutGenerator.collect`` (K rollouts per sampled init state, guided by the policy's w),
 RLOO advantages and labels, windows from each kept episode's decision points, ``RLOptimizerPI0_CFG.step``,
@@ -28,7 +28,7 @@ from pi0.ript.init_states import InitStateHistory, InitStateSampler
 
 @dataclass
 class RLConfig:
-    """RIPT-CFG settings (stage 7 uses one epoch per iteration; stage 8 adds epochs and the history)."""
+    """RIPT-CFG settings: the ``algo`` section of the training config (stage 7: one update pass; stage 8: epochs)."""
 
     iterations: int = 10
     num_groups: int = 4  # B init states per iteration

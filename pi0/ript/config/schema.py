@@ -1,17 +1,19 @@
-"""One typed config tree for RL training (stages 9-11): OmegaConf structured dataclasses, validated at load.
+"""One typed config tree for RL training (stages 7-11): OmegaConf structured dataclasses, validated at load.
 
 ``TrainConfig`` has the sections ``algo`` (the RIPT-CFG settings: :class:`pi0.ript.trainer.RLConfig`, with its
 ``opt`` :class:`OptimizerConfig`), ``task`` (env / suite / task ids / checkpoint / init-state split), ``env`` (the
 rollout :class:`pi0.rollout.config.RunnerConfig` + arena settings), ``distributed``, ``features`` and ``logging``.
 :func:`load_config` merges a YAML file and ``key=value`` overrides onto the defaults and raises
 :class:`pi0.errors.UserError` naming the key and what is allowed for an unknown key, a wrong type, an
-out-of-range value, a task id the suite lacks or a missing checkpoint -- before any work starts.
+out-of-range value, a task id the suite lacks or a missing checkpoint -- before any work starts. A stage script
+that runs a subset of the job (stages 7 and 8) states its limits as :class:`StageRules`, checked the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,6 +205,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             require_path(Path(cfg.task.checkpoint) / f, f"task.checkpoint: {f}",
                          "a policy directory holds model.safetensors, config.json and norm_stats.json")
     return cfg
+
+
+@dataclass(frozen=True)
+class StageRules:
+    """What one stage script allows of the tree (stages 7 and 8 run a subset of the job), checked after
+    :func:`load_config` and before any work: each ``fixed`` key must hold its value, and a ``single_process``
+    stage refuses a torchrun launch (``WORLD_SIZE`` > 1). A violation is a :class:`UserError` naming the key."""
+
+    script: str  # the stage script, for messages
+    single_process: bool = False
+    fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)  # key -> (required value, why)
+
+    def check(self, cfg: TrainConfig) -> TrainConfig:
+        """``cfg`` if it keeps to the rules, else UserError."""
+        for key, (want, why) in self.fixed.items():
+            v = _get(cfg, key)
+            if v != want:
+                raise UserError(f"{key}={v!r} is not allowed by {self.script}; allowed: {want!r} ({why})")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.single_process and world > 1:
+            raise UserError(f"{self.script} is single-process but runs with WORLD_SIZE={world} (torchrun); launch "
+                            "10_train_with_distributed.py or 11_train_ript_vla_style.py with torchrun instead")
+        return cfg
 
 
 def apply_features(cfg: TrainConfig) -> TrainConfig:

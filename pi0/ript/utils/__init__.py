@@ -1,1 +1,1 @@
-"""Training infrastructure of stages 9-11: distributed helpers, resumable checkpoints, the config-driven loop."""
+"""Training infrastructure of stages 7-11: distributed helpers, resumable checkpoints, the config-driven loop."""

@@ -1,10 +1,12 @@
-"""The config-driven RIPT-CFG training job of stages 9-11 (single process or torchrun).
+"""The config-driven RIPT-CFG training job of stages 7-11 (single process or torchrun): the one training loop.
 
 Each rank: its shard of the training init states (seed offset by rank), its own runner; collection stops early
 through the global counter once all ranks together kept ``algo.num_groups x world`` groups; the update is
 :class:`DistributedRLOptimizer` (same number of collectives and steps on every rank, masked batches where a rank
 has no data); scalars are all-reduced and logged on rank 0 (tqdm, TensorBoard, curve JSON/PNG), which also
-writes videos and checkpoints. ``resume=True`` continues from ``<run>/checkpoints/latest``.
+writes videos and checkpoints. With smart sampling on, each rank writes its init-state history as JSON every
+iteration (``history.json`` on rank 0). ``resume=True`` continues from ``<run>/checkpoints/latest``. Stage scripts
+differ only in their default preset and :class:`pi0.ript.config.StageRules` (see :func:`cli_main`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
 from pi0.ript.algos.rl_optimizers.rollout_generator import Collection, RolloutGenerator
 from pi0.ript.algos.rl_optimizers.store_counter import StoreGlobalCounter
-from pi0.ript.config.schema import TrainConfig, save_config
-from pi0.ript.init_states import InitStateHistory, InitStateSampler
-from pi0.ript.stage_setup import split_states
+from pi0.ript.config.schema import StageRules, TrainConfig, save_config
+from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.trainer import RIPTTrainer
 from pi0.ript.utils.dist_utils import (DistInfo, DistributedRLOptimizer, DistributedStatsSynchronizer, barrier,
                                        cleanup_distributed, setup_distributed, shard_tasks_across_gpus)
@@ -145,11 +146,14 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
     n_eval = len(trainer.eval_states) * trainer.cfg.eval_repeats if "eval/success_rate" in st else 0
     s = sync.sum({"succ": col.success_rate * col.num_groups * k, "rollouts": col.num_groups * k,
                   "kept": len(col.groups), "groups": col.num_groups, "windows": st["train/windows"],
-                  "eval_succ": st.get("eval/success_rate", 0.0) * n_eval, "eval_n": n_eval})
+                  "eval_succ": st.get("eval/success_rate", 0.0) * n_eval, "eval_n": n_eval,
+                  "positives": st["train/frac_positive"] * st["train/windows"],
+                  "skipped_states": st["rollout/skipped_states"]})
     m = sync.max({"rollout_s": st["time/rollout_s"], "update_s": st["time/update_s"]})
     out = {"success_rate": s["succ"] / s["rollouts"] if s["rollouts"] else 0.0, "rollouts": s["rollouts"],
            "frac_groups_kept": s["kept"] / s["groups"] if s["groups"] else 0.0, "kept_groups": s["kept"],
-           "windows": s["windows"], "rollout_s": m["rollout_s"], "update_s": m["update_s"],
+           "windows": s["windows"], "frac_positive": s["positives"] / s["windows"] if s["windows"] else 0.0,
+           "skipped_states": s["skipped_states"], "rollout_s": m["rollout_s"], "update_s": m["update_s"],
            "steps": st["train/steps"], "skipped_steps": st["train/skipped_steps"]}
     if s["eval_n"]:
         out["eval_success_rate"] = s["eval_succ"] / s["eval_n"]
@@ -193,6 +197,11 @@ def write_videos(cfg: TrainConfig, policy: PI0Policy, trainer: RIPTTrainer, out:
             tag = "success" if ep.success else "failure"
             paths.append(write_video(out / f"task{t}_init{i}_{tag}.mp4", ep.frames, fps=10))
     return paths
+
+
+def history_path(run_dir: Path, info: DistInfo) -> Path:
+    """Where this rank writes its init-state history JSON: ``history.json`` (rank 0), ``history_rank<r>.json``."""
+    return run_dir / ("history.json" if info.is_main else f"history_rank{info.rank}.json")
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, float]]:
@@ -245,6 +254,8 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             trainer.rollouts.counter = counter
             trainer.rollouts.global_target = cfg.algo.num_groups * info.world_size
             st = trainer.step()
+            if trainer.rollouts.history is not None:
+                trainer.rollouts.history.save(history_path(run_dir, info))
             with warnings.catch_warnings():  # no optimizer step happened when every group was filtered
                 warnings.simplefilter("ignore", UserWarning)
                 sched.step()
@@ -260,8 +271,13 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
                         writer.add_scalar(k, v, it)
                 held = f"{g['eval_success_rate']:.2f}" if "eval_success_rate" in g else "-"
                 msg = (f"iter {it}: success {g['success_rate']:.2f} ({int(g['rollouts'])} rollouts), kept groups "
-                       f"{int(g['kept_groups'])} ({g['frac_groups_kept']:.2f}), held-out {held}, "
-                       f"steps {int(g['steps'])}, rollout {g['rollout_s']:.1f}s update {g['update_s']:.1f}s")
+                       f"{int(g['kept_groups'])} ({g['frac_groups_kept']:.2f}), positives {g['frac_positive']:.2f}, "
+                       f"held-out {held}, steps {int(g['steps'])}"
+                       + (f" ({int(g['skipped_steps'])} non-finite skipped)" if g["skipped_steps"] else "")
+                       + (f", solved states skipped {int(g['skipped_states'])}" if g["skipped_states"] else "")
+                       + (f", loss cond {g['loss_cond']:.4f}" if "loss_cond" in g else "")
+                       + (f", loss uncond {g['loss_uncond']:.4f}" if "loss_uncond" in g else "")
+                       + f", rollout {g['rollout_s']:.1f}s update {g['update_s']:.1f}s")
                 (bar.write if bar else print)(msg)
                 if bar:
                     bar.update(1)
@@ -279,14 +295,17 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
                 write_videos(cfg, policy, trainer, run_dir / "videos")
             writer.close()
             print(f"run dir {run_dir}: config.yaml, curve.json, tb/, final/"
+                  + (", history.json" if trainer.rollouts.history is not None else "")
                   + (", success.png" if cfg.logging.plot else "") + (", videos/" if cfg.features.save_video else "")
                   + (", checkpoints/" if cfg.features.save_resume_state else ""), flush=True)
         barrier(info)
     return curve
 
 
-def cli_main(argv: list[str] | None, default_preset: str, description: str | None = None) -> list[dict[str, float]]:
-    """``--config_path <yaml|preset> [--resume] [key=value ...]`` -> validated config -> :func:`train`."""
+def cli_main(argv: list[str] | None, default_preset: str, description: str | None = None,
+             rules: StageRules | None = None) -> list[dict[str, float]]:
+    """``--config_path <yaml|preset> [--resume] [key=value ...]`` -> validated config (+ the stage's ``rules``)
+    -> :func:`train`. Every stage script 7-11 is this call with its own default preset (and rules)."""
     import argparse
 
     from pi0.ript.config.schema import load_config
@@ -296,4 +315,7 @@ def cli_main(argv: list[str] | None, default_preset: str, description: str | Non
     p.add_argument("--resume", action="store_true", help="continue from <run>/checkpoints/latest")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.iterations=3")
     args = p.parse_args(argv)
-    return train(load_config(args.config_path, args.overrides), resume=args.resume)
+    cfg = load_config(args.config_path, args.overrides)
+    if rules is not None:
+        rules.check(cfg)
+    return train(cfg, resume=args.resume)
