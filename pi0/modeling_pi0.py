@@ -26,6 +26,7 @@ from pi0.attention import make_attn_mask, make_positions
 from pi0.config import CAMERA_KEYS, Pi0Config, check_keys
 from pi0.fast_sampler import FastSampler
 from pi0.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
+from pi0.init import scratch_init_
 from pi0.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 from pi0.policy_io import Observation, PolicyIO
@@ -476,16 +477,24 @@ class PI0Policy(PolicyIO, nn.Module):
 
     @classmethod
     def random_init(cls, config: PolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
-                    seed: int = 0, std: float = 0.02) -> "PI0Policy":
-        """A randomly initialised policy (the embedded default / tests): N(0, std) weights, noisy norms.
+                    seed: int = 0, std: float = 0.02, init: str = "noisy") -> "PI0Policy":
+        """A randomly initialised policy.
 
-        Built on meta and allocated once in the final dtypes; each tensor is drawn in float32 (tensors over
-        2**22 elements in 2**22-element slices) and cast in place, so a bf16 config never holds a float32 model.
+        ``init="noisy"`` (the embedded default / parity tests): N(0, std) weights and noisy norms, so every
+        parameter matters numerically. ``init="scratch"``: an initialisation to *train* from (see
+        :func:`scratch_init_`). Built on meta and allocated once in the final dtypes; each tensor is drawn in
+        float32 (tensors over 2**22 elements in 2**22-element slices) and cast in place, so a bf16 config never
+        holds a float32 model.
         """
+        if init not in ("noisy", "scratch"):
+            raise ValueError(f"init must be 'noisy' or 'scratch', got {init!r}")
         gen = torch.Generator().manual_seed(seed)
         with torch.device("meta"):
             model = PI0Model(config.model)
         model.to_empty(device="cpu")
+        if init == "scratch":
+            scratch_init_(model, gen)
+            return cls(config, norm_stats, tokenizer, model).eval()
         chunk = 1 << 22
         with torch.no_grad():
             for p in model.parameters():
