@@ -1,7 +1,9 @@
 r"""Bench: does RIPT-CFG measurably improve a weak pi0 on held-out arena init states?
 
-A tiny pi0 (same architecture, small sizes) is warm-started by SFT on a few scripted-expert demos (cached),
-then fine-tuned by RIPT-CFG (K rollouts per init state, RLOO, CFG-style flow update) for a wall-clock budget.
+A tiny pi0 (same architecture, small sizes, ``init="scratch"``) is warm-started by SFT on scripted-expert demos,
+stopped once validation success reaches ``--warm_success`` (cached), then fine-tuned by RIPT-CFG (K rollouts per
+init state, RLOO, CFG-style flow update, each update anchored with the warm start's own demos as positives:
+``--anchor_ratio``) for a wall-clock budget. Findings: bench/results/rl_diagnosis.md.
 In the same run: the RL model at w=1, continued SFT on the same demos for the same wall-clock, and success
 against w in {0, 1, 1.5, 2, 3}. Writes <out>/rl_improvement.json and .png; the last line is
 ``before=<r> after=<r> w1=<r> sft=<r> minutes=<m>``.
@@ -26,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
-from pi0.ript.warm_start import TinyArenaConfig, arena_runner, cached_warm_start, evaluate, sft  # noqa: E402
+from pi0.ript.warm_start import (  # noqa: E402
+    TinyArenaConfig, WarmStop, arena_runner, cached_warm_start, evaluate, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
 
 
@@ -35,20 +38,25 @@ class Config:
     """Bench options."""
 
     task_ids: list[int] = field(default_factory=lambda: [4])
-    num_demos: int = 20  # expert demos per task (init states 0..n-1) for the warm start
-    sft_steps: int = 1000  # warm-start SFT steps (cached)
-    train_states: int = 120  # RL init states per task (0..n-1, includes the demo states)
-    eval_start: int = 120  # held-out init states eval_start.. (never trained on; the arena runner has 200)
-    eval_states: int = 80  # 40 states read 0.05-0.22 for one policy across flow-noise seeds
+    num_demos: int = 400  # expert demos per task (init states 0..n-1) for the warm start
+    sft_steps: int = 6000  # most warm-start SFT steps (cached); it stops earlier at warm_success
+    warm_success: float = 0.3  # stop the warm start once success on the validation states reaches this
+    val_states: int = 100  # validation init states eval_start-val_states..eval_start-1 (warm-start stop only)
+    warm_check_every: int = 100  # SFT steps between two validation checks of the warm start
+    train_states: int = 1500  # RL init states per task (0..n-1, includes the demo states; RL gets no demos)
+    eval_start: int = 1600  # held-out init states eval_start.. (never trained on, no demos)
+    eval_states: int = 100  # 40 states read 0.05-0.22 for one policy across flow-noise seeds
+    num_init_states: int = 2000  # arena layouts per task (pure functions of (task, id); only an upper bound)
     minutes: float = 20.0  # RL wall-clock budget (rollouts + updates + periodic evals)
-    eval_every: int = 4
+    eval_every: int = 10
     num_groups: int = 4
     group_size: int = 8
     cfg_guidance: float = 1.5
     p_uncond: float = 0.3
     target: str = "model_actions"
-    negative_weight: float = 1.0  # loss weight of A <= 0 windows (1 = plain CFGRL)
-    lr: float = 1e-3
+    negative_weight: float = 0.0  # loss weight of A <= 0 windows (1 = plain CFGRL; own failures degrade the policy)
+    anchor_ratio: float = 1.0  # warm-start demo windows (as positives) per RL window in each update; 0 = none
+    lr: float = 3e-4
     epochs: int = 1
     minibatch_size: int = 32
     image_size: int = 56
@@ -64,14 +72,22 @@ class Config:
     sft_only: bool = False  # internal: the continued-SFT baseline process (runs beside RL, same wall-clock)
 
 
+def warm_stop(cfg: Config) -> WarmStop:
+    """When the warm start stops: validation states just below the held-out ones, disjoint from RL's states."""
+    val = [(t, i) for t in cfg.task_ids for i in range(cfg.eval_start - cfg.val_states, cfg.eval_start)]
+    return WarmStop(cfg.warm_success, val, cfg.warm_check_every)
+
+
 def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt: OptimizerConfig,
                  held_out: list) -> None:
     """Continued SFT of the cached warm start on the same demos for ``minutes``, then held-out success."""
-    policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise)
+    policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise,
+                                           stop=warm_stop(cfg))
     t0 = time.perf_counter()
     opt = sft(policy, windows, sft_opt, seconds=cfg.minutes * 60, seed=cfg.seed + 1)
     minutes = (time.perf_counter() - t0) / 60
-    runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps)
+    runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps,
+                          num_init_states=cfg.num_init_states)
     rate = evaluate(runner, policy, held_out, seed=cfg.seed + 1)
     runner.close()
     (Path(cfg.out) / "sft_baseline.json").write_text(json.dumps({"sft": rate, "minutes": minutes,
@@ -81,10 +97,14 @@ def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt:
 def main(argv: list[str] | None = None) -> dict:
     """Run the bench and print the summary line."""
     cfg = parse_config(Config, argv, __doc__)
-    if cfg.train_states > cfg.eval_start or cfg.eval_start + cfg.eval_states > 200:
-        raise ValueError(f"RL states 0..{cfg.train_states - 1} must not overlap the held-out states "
-                         f"{cfg.eval_start}..{cfg.eval_start + cfg.eval_states - 1}, which must lie below 200 (the "
-                         "arena runner's init states): set --train_states <= --eval_start and eval_start+eval_states <= 200")
+    if cfg.num_demos > cfg.train_states or cfg.train_states > cfg.eval_start - cfg.val_states \
+            or cfg.eval_start + cfg.eval_states > cfg.num_init_states:
+        raise ValueError(f"demo states 0..{cfg.num_demos - 1} must lie within the RL states 0..{cfg.train_states - 1}, "
+                         f"which must not overlap the validation states {cfg.eval_start - cfg.val_states}.."
+                         f"{cfg.eval_start - 1} or the held-out states {cfg.eval_start}.."
+                         f"{cfg.eval_start + cfg.eval_states - 1}, which must lie below --num_init_states "
+                         f"{cfg.num_init_states}: set num_demos <= train_states <= eval_start - val_states and "
+                         "eval_start + eval_states <= num_init_states")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
@@ -95,14 +115,18 @@ def main(argv: list[str] | None = None) -> dict:
     sft_opt = OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32)
     demo_states = [(t, i) for t in cfg.task_ids for i in range(cfg.num_demos)]
     t0 = time.perf_counter()
-    policy, windows, ckpt = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise)
-    print(f"warm start: {len(windows)} demo windows from {len(demo_states)} demos, {cfg.sft_steps} SFT steps "
+    policy, windows, ckpt = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise,
+                                           stop=warm_stop(cfg))
+    warm = json.loads((ckpt / "warm_start.json").read_text()) if (ckpt / "warm_start.json").is_file() else {}
+    steps = warm["curve"][-1]["steps"] if warm.get("curve") else cfg.sft_steps
+    print(f"warm start: {len(windows)} demo windows from {len(demo_states)} demos, {steps} SFT steps "
           f"({time.perf_counter() - t0:.0f}s, cached at {ckpt})", flush=True)
     held_out = [(t, i) for t in cfg.task_ids for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]
     if cfg.sft_only:
         sft_baseline(cfg, tcfg, demo_states, sft_opt, held_out)
         return {}
-    runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps)
+    runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps,
+                          num_init_states=cfg.num_init_states)
     before = evaluate(runner, policy, held_out, seed=cfg.seed)
     print(f"before RL: held-out success {before:.3f}", flush=True)
     # continued SFT for the same wall-clock runs beside RL (same machine load), in its own process
@@ -111,10 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                   cfg_guidance=cfg.cfg_guidance, target=cfg.target, negative_weight=cfg.negative_weight,
+                  anchor_ratio=cfg.anchor_ratio,
                   eval_every=cfg.eval_every, seed=cfg.seed,
                   opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size))
     sampler = InitStateSampler({t: range(cfg.train_states) for t in cfg.task_ids}, seed=cfg.seed)
-    trainer = RIPTTrainer(policy, runner, sampler, rl, eval_states=held_out)
+    trainer = RIPTTrainer(policy, runner, sampler, rl, eval_states=held_out, anchor_windows=windows)
     curve = [{"iteration": 0, "minutes": 0.0, "eval": before}]
     t_rl = time.perf_counter()
 
@@ -142,7 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"continued SFT ({sft_res['minutes']:.1f} min, beside RL): {sft_rate:.3f}", flush=True)
     policy.save_pretrained(out / "rl_policy")
 
-    result = {"config": asdict(cfg), "before": before, "after": after, "w1": by_w[1.0], "sft": sft_rate,
+    result = {"config": asdict(cfg), "warm_start": warm, "before": before, "after": after, "w1": by_w[1.0],
+              "sft": sft_rate,
               "success_vs_w": {str(k): v for k, v in by_w.items()}, "minutes": rl_seconds / 60, "curve": curve,
               "iterations": trainer.curve, "load_before": load0, "load_after": os.getloadavg(),
               "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}

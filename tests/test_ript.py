@@ -277,3 +277,84 @@ def test_noisy_demos_execute_noise_but_keep_clean_expert_labels():
     ref = ArenaExpert().predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), 10)
     np.testing.assert_allclose(cn[1], ref)
     assert cn[1].min() >= -1 and cn[1].max() <= 1
+
+
+def test_scratch_init_norms_identity_and_lecun_weights():
+    from torch import nn
+
+    from pi0.gemma import RMSNorm
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2,
+                                            init="scratch"), default_norm_stats(8, 7))
+    m = pol.model
+    for mod in m.modules():
+        if isinstance(mod, RMSNorm):  # scale 1 + w
+            assert torch.count_nonzero(mod.weight) == 0
+        elif isinstance(mod, nn.LayerNorm):
+            assert torch.equal(mod.weight, torch.ones_like(mod.weight)) and torch.count_nonzero(mod.bias) == 0
+    conv = m.paligemma_with_expert.paligemma.vision_tower.vision_model.embeddings.patch_embedding
+    assert abs(float(conv.weight.detach().std()) * (3 * 14 * 14) ** 0.5 - 1.0) < 0.05  # std = fan_in ** -0.5
+    assert torch.count_nonzero(conv.bias) == 0
+    enable_optimality_condition(pol)
+    assert torch.count_nonzero(m.optimality_embedding) == 0
+    with pytest.raises(ValueError, match="init must be"):
+        PI0Policy.random_init(pol.config, pol.norm_stats, pol.tokenizer, init="xavier")
+
+
+def test_coupled_noise_trains_on_the_samplers_own_noise(arena_policy):
+    ws = PI0_CFG_Adapter(arena_policy, coupled_noise=True).episode_windows(_episode(2), advantage=0.0)
+    assert all(w["noise"] is not None for w in ws)
+    losses = {}
+    for coupled in (True, False):
+        ad = PI0_CFG_Adapter(arena_policy, coupled_noise=coupled)
+        batch = ad.collate(ad.episode_windows(_episode(2), advantage=0.0))
+        assert bool(batch["has_noise"].all()) == coupled
+        losses[coupled] = [float(ad.loss(batch, torch.Generator().manual_seed(s), use_condition=False)[0])
+                           for s in (0, 1)]
+    ad = PI0_CFG_Adapter(arena_policy, coupled_noise=True)
+    b = ad.collate(ws)
+    assert torch.count_nonzero(b["noise"]) == 0  # the episode's stored noise is zeros
+    assert losses[True] != losses[False]
+    demo = ad.collate([dict(ws[0], noise=None)])
+    assert not bool(demo["has_noise"].any())  # windows without noise (demos) get fresh noise
+
+
+def test_anchor_windows_join_each_update(arena_policy):
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, anchor_ratio=0.5,
+                       opt=OptimizerConfig(minibatch_size=64, lr=1e-3))
+        anchors = [dict(w, demo=1.0) for w in PI0_CFG_Adapter(arena_policy).episode_windows(_episode(2), 0.0)]
+        with pytest.raises(ValueError, match="anchor_windows"):
+            RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg, anchor_windows=anchors)
+        st = tr.step()
+        assert st["train/anchor_windows"] == 3 and st["train/windows"] == 9  # 6 RL windows + round(0.5 x 6)
+        assert all(w["label"] == 1.0 for w in tr.anchor_windows)  # expert demos join as successes
+        assert st["train/frac_positive"] >= 3 / 9
+    finally:
+        runner.close()
+
+
+def test_warm_start_stops_at_the_validation_target(tmp_path):
+    import json
+
+    from pi0.ript.warm_start import WarmStop, cached_warm_start
+    cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
+    stop = WarmStop(success=0.0, val_states=[(4, 7)], every=2)  # 0.0 is reached at the first check
+    pol, windows, root = cached_warm_start(cfg, [(4, 0)], 10, OptimizerConfig(lr=1e-3, minibatch_size=8),
+                                           cache_dir=tmp_path, resolution=32, stop=stop)
+    rec = json.loads((root / "warm_start.json").read_text())
+    assert [c["steps"] for c in rec["curve"]] == [2] and rec["sft_steps_max"] == 10 and len(windows) > 0
+    assert (root / "model.safetensors").is_file() and root.parent == tmp_path / "ript_warm_start"
+
+
+def test_negative_weight_spares_demo_anchor_windows(arena_policy):
+    enable_optimality_condition(arena_policy)
+    ad = PI0_CFG_Adapter(arena_policy, negative_weight=0.0)
+    neg = ad.episode_windows(_episode(2), advantage=-0.5)
+    demo = [dict(w, demo=1.0) for w in neg]  # same inputs, flagged as expert demos (label 0, like demo_windows)
+    zero, _ = ad.loss(ad.collate(neg), torch.Generator().manual_seed(0))
+    kept, _ = ad.loss(ad.collate(demo), torch.Generator().manual_seed(0))
+    full, _ = PI0_CFG_Adapter(arena_policy, negative_weight=1.0).loss(ad.collate(neg), torch.Generator().manual_seed(0))
+    assert float(zero.detach()) == 0.0
+    torch.testing.assert_close(kept, full)  # a demo window trains the unconditioned branch at full weight

@@ -45,6 +45,10 @@ def test_required_presets_are_bundled():
     (["task.env=mujoco"], ["task.env", "arena"]),
     (["distributed.backend=mpi"], ["distributed.backend", "gloo"]),
     (["algo.iterations"], ["key=value"]),
+    (["algo.anchor_ratio=-1"], ["algo.anchor_ratio", ">= 0"]),
+    (["algo.anchor_ratio=1", "task.env=libero"], ["algo.anchor_ratio", "arena warm start"]),
+    (["task.warm_start_target=0.3"], ["task.warm_start_target", "overlap", "task.eval_start"]),
+    (["task.warm_start_target=2"], ["task.warm_start_target", "[0, 1]"]),
 ])
 def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:

@@ -38,6 +38,11 @@ class RLConfig:
     target: str = "model_actions"  # "model_actions" | "executed"
     advantage_weighting: bool = False
     negative_weight: float = 1.0  # loss weight of windows with A <= 0 (1 = CFGRL: they train the reference)
+    # demo anchor: each update also trains on round(anchor_ratio x #rollout windows) windows of the warm start's
+    # expert demos (never new demos), labelled positive (an expert demo is a success): both branches stay near the
+    # SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
+    # branch collapses when only the unconditioned one is anchored (bench/results/rl_diagnosis.md). 0 = off
+    anchor_ratio: float = 0.0
     dynamic_sampling: bool = True
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
     eval_every: int = 1  # 0 = never
@@ -65,8 +70,13 @@ class RIPTTrainer:
 
     def __init__(self, policy: PI0Policy, runner: RolloutRunner, sampler: InitStateSampler, cfg: RLConfig,
                  eval_states: Sequence[tuple[int, int]] = (), history: InitStateHistory | None = None,
-                 writer: Any = None):
+                 writer: Any = None, anchor_windows: Sequence[Window] = ()):
         self.policy, self.runner, self.cfg = policy, runner, cfg
+        if cfg.anchor_ratio > 0 and not anchor_windows:
+            raise ValueError("anchor_ratio > 0 needs anchor_windows (the warm start's demo windows)")
+        # demo windows (PI0_CFG_Adapter.demo_windows) for the anchor, as positives (A = 1: a success in any group)
+        self.anchor_windows = [dict(w, label=1.0, advantage=1.0) for w in anchor_windows]
+        self.anchor_rng = np.random.default_rng(cfg.seed + 7)
         if not policy.config.model.optimality_condition:
             enable_optimality_condition(policy)
         policy.config.cfg_guidance = float(cfg.cfg_guidance)
@@ -99,6 +109,11 @@ class RIPTTrainer:
         self.policy.eval()
         col = self.rollouts.collect(cfg.num_groups)
         windows = collection_windows(self.adapter, col)
+        n_anchor = round(cfg.anchor_ratio * len(windows)) if self.anchor_windows else 0
+        if n_anchor:
+            pool = len(self.anchor_windows)
+            idx = self.anchor_rng.choice(pool, n_anchor, replace=n_anchor > pool)
+            windows = windows + [self.anchor_windows[i] for i in idx]
         upd = self.optimizer.step(windows)  # also with no windows: a distributed optimizer must join collectives
         self.iteration += 1
         adv = np.concatenate([g.advantages for g in col.groups]) if col.groups else np.zeros(1)
@@ -107,7 +122,8 @@ class RIPTTrainer:
               "time/rollout_s": col.rollout_time, "time/update_s": upd["update_time"],
               "adv/mean": float(adv.mean()), "adv/std": float(adv.std()), "adv/max": float(adv.max()),
               "adv/min": float(adv.min()), "train/windows": float(len(windows)),
-              "train/frac_positive": float(np.mean([w["label"] for w in windows])) if windows else 0.0}
+              "train/frac_positive": float(np.mean([w["label"] for w in windows])) if windows else 0.0,
+              "train/anchor_windows": float(n_anchor)}
         st.update({f"train/{k}": v for k, v in upd.items() if k != "update_time"})
         if cfg.eval_every and self.eval_states and self.iteration % cfg.eval_every == 0:
             t0 = time.perf_counter()

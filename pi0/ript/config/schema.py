@@ -44,6 +44,11 @@ class TaskConfig:
     eval_states: int = 10
     warm_start_demos: int = 10  # expert demos per task for the tiny arena warm start
     warm_start_steps: int = 300  # SFT steps of the warm start (0: start from the random tiny pi0)
+    # > 0: stop the warm-start SFT early, the first time success on the validation init states
+    # train_states..train_states+warm_start_val_states-1 reaches this (pi0.ript.warm_start.WarmStop), so the start
+    # is weak at a chosen level whatever step this run's SFT starts to generalise at; 0 = always warm_start_steps
+    warm_start_target: float = 0.0
+    warm_start_val_states: int = 50
 
 
 @dataclass
@@ -125,6 +130,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.group_size": (lambda v: v >= 2, ">= 2 (RLOO needs two rollouts per state)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
+    "algo.negative_weight": (lambda v: v >= 0.0, ">= 0"),
+    "algo.anchor_ratio": (lambda v: v >= 0.0, ">= 0 (0 = no demo anchor)"),
     "algo.target": (lambda v: v in ("model_actions", "executed"), "'model_actions' or 'executed'"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
@@ -138,6 +145,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.eval_states": (lambda v: v >= 0, ">= 0"),
     "task.warm_start_demos": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_steps": (lambda v: v >= 0, ">= 0"),
+    "task.warm_start_target": (lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0 = no early stop)"),
+    "task.warm_start_val_states": (lambda v: v >= 1, ">= 1"),
     "env.runner.num_envs": (lambda v: v >= 1, ">= 1"),
     "env.runner.replan_steps": (lambda v: v >= 1, ">= 1"),
     "env.runner.schedule": (lambda v: v in ("greedy", "grouped"), "'greedy' or 'grouped'"),
@@ -168,12 +177,18 @@ def _check_tasks(cfg: TrainConfig) -> None:
     if t.eval_states and t.eval_start < t.train_states:
         raise UserError(f"task.eval_start={t.eval_start} < task.train_states={t.train_states}: held-out init "
                         "states would overlap the training ones; set task.eval_start >= task.train_states")
+    if t.warm_start_target > 0 and t.eval_states and t.eval_start < t.train_states + t.warm_start_val_states:
+        raise UserError(f"task.warm_start_target > 0 validates on init states {t.train_states}.."
+                        f"{t.train_states + t.warm_start_val_states - 1}, which overlap the held-out ones from "
+                        f"task.eval_start={t.eval_start}; set task.eval_start >= task.train_states + "
+                        "task.warm_start_val_states")
     if t.env == "arena":
         from pi0.envs.arena import TASKS
         bad = [i for i in t.task_ids if not 0 <= i < len(TASKS)]
         if bad:
             raise UserError(f"task.task_ids: unknown arena task id(s) {bad}; valid ids are 0..{len(TASKS) - 1}")
-        need = max(t.train_states, t.eval_start + t.eval_states)
+        need = max(t.train_states + (t.warm_start_val_states if t.warm_start_target > 0 else 0),
+                   t.eval_start + t.eval_states)
         if need > cfg.env.num_init_states:
             raise UserError(f"task: the init-state split needs {need} arena init states > env.num_init_states="
                             f"{cfg.env.num_init_states}; raise env.num_init_states or lower the split")
@@ -198,6 +213,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if not ok(v):
             raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
     _check_tasks(cfg)
+    if cfg.algo.anchor_ratio > 0 and (cfg.task.env != "arena" or cfg.task.checkpoint):
+        raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} needs the warm start's expert demos, which only "
+                        "the arena warm start has (task.env=arena, no task.checkpoint); set algo.anchor_ratio=0")
     if cfg.task.checkpoint:
         require_path(cfg.task.checkpoint, "task.checkpoint",
                      "give a directory written by PI0Policy.save_pretrained or convert_pi0_to_hf_lerobot.py", True)

@@ -54,17 +54,37 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
     if t.env == "libero":
         from pi0.presets import tiny_policy
         return tiny_policy().to(info.device)
-    from pi0.ript.warm_start import TinyArenaConfig, cached_warm_start
+    from pi0.ript.warm_start import TinyArenaConfig, WarmStop, cached_warm_start
 
     demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
+    stop = None
+    if t.warm_start_target > 0:
+        val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
+        stop = WarmStop(t.warm_start_target, val, every=100)
     cache = Path(cfg.logging.out_dir) / "cache"
     policy = None
     for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
         if info.is_main == turn:
             policy, _, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
-                                             cache_dir=cache, resolution=cfg.env.resolution)
+                                             cache_dir=cache, resolution=cfg.env.resolution, stop=stop)
         barrier(info)
     return policy.to(info.device)
+
+
+def anchor_windows(cfg: TrainConfig, policy: PI0Policy) -> list:
+    """The warm start's expert demo windows for ``algo.anchor_ratio`` > 0 (arena only; recomputed, also on resume)."""
+    if cfg.algo.anchor_ratio <= 0:
+        return []
+    from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter
+    from pi0.ript.warm_start import arena_runner, collect_expert_demos
+
+    t = cfg.task
+    demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
+    with arena_runner(8, policy.config.n_action_steps, cfg.env.resolution,
+                      num_init_states=max(200, t.warm_start_demos)) as runner:
+        episodes = collect_expert_demos(runner, demos, policy.config.model.action_horizon)
+    adapter = PI0_CFG_Adapter(policy, target="executed")
+    return [w for e, chunks in episodes for w in adapter.demo_windows(e, chunks)]
 
 
 def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
@@ -133,7 +153,8 @@ def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: R
     seed = cfg.algo.seed + 1000 * info.rank
     algo = dataclasses.replace(cfg.algo, seed=seed)
     history = InitStateHistory(cfg.features.history_reprobe_after) if cfg.features.enable_smart_sampling else None
-    trainer = RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history)
+    trainer = RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history,
+                          anchor_windows=anchor_windows(cfg, policy))
     trainer.optimizer = DistributedRLOptimizer(trainer.adapter, algo.opt, seed=seed, info=info)
     trainer.rollouts.__class__ = CountedRolloutGenerator
     return trainer

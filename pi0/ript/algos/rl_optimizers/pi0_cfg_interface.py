@@ -63,7 +63,7 @@ class PI0_CFG_Adapter:
     """Turns episodes (with ``Pi0ChunkPolicy`` extras) and expert demos into windows, batches and losses."""
 
     def __init__(self, policy: PI0Policy, target: str = "model_actions", p_uncond: float = 0.3,
-                 advantage_weighting: bool = False, negative_weight: float = 1.0):
+                 advantage_weighting: bool = False, negative_weight: float = 1.0, coupled_noise: bool = False):
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         if not 0.0 <= p_uncond <= 1.0:
@@ -73,6 +73,11 @@ class PI0_CFG_Adapter:
         self.p_uncond = float(p_uncond)
         self.advantage_weighting = advantage_weighting
         self.negative_weight = float(negative_weight)  # loss weight of non-positive windows (1 = plain CFGRL)
+        # model_actions targets: train on the (flow noise, sampled chunk) pair the policy produced instead of fresh
+        # noise (the coupling of Rectified Flow's reflow, Liu et al. 2022, a fixed point of the Euler sampler).
+        # Measured (bench/results/rl_diagnosis.md): it does NOT stop repeated self-distillation from degrading the
+        # tiny arena policy (held-out 0.24 -> 0.05 in 12 rounds, vs 0.02 with fresh noise), so it is off by default.
+        self.coupled_noise = bool(coupled_noise)
 
     # ------------------------------------------------------------------ windows
     def _target(self, actions: np.ndarray, valid: np.ndarray, model_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -93,15 +98,19 @@ class PI0_CFG_Adapter:
             if "model_actions" not in ex:
                 raise ValueError("episode decisions lack Pi0ChunkPolicy extras (collect with pi0.libero_policy."
                                  "Pi0ChunkPolicy)")
+            noise = None
             if self.target == "model_actions":
                 tgt = np.asarray(ex["model_actions"], np.float32)
                 mask = np.zeros_like(tgt)  # only the env's action dims: the padded dims are never executed
                 mask[:, : self.policy.action_dim] = 1.0
+                if self.coupled_noise:
+                    noise = np.asarray(ex["noise"], np.float32)
             else:
                 tgt, mask = self._target(d.actions, d.valid, ex["state"])
             out.append(dict(image=ex["image"], wrist_image=ex["wrist_image"], state=np.asarray(ex["state"], np.float32),
                             tokens=ex["tokenized_prompt"], token_mask=ex["tokenized_prompt_mask"], actions=tgt,
-                            action_mask=mask, label=float(advantage > 1e-9), advantage=float(advantage), step=d.step))
+                            action_mask=mask, label=float(advantage > 1e-9), advantage=float(advantage), step=d.step,
+                            noise=noise, demo=0.0))
         return out
 
     def demo_windows(self, episode: Episode, chunks: Sequence[np.ndarray]) -> list[Window]:
@@ -117,7 +126,7 @@ class PI0_CFG_Adapter:
             tgt, mask = self._target(np.asarray(chunk), np.ones(len(chunk), bool), state)
             out.append(dict(image=arrays["image"][0], wrist_image=arrays["wrist_image"][0], state=state,
                             tokens=inp["lang_tokens"][0].cpu().numpy(), token_mask=inp["lang_masks"][0].cpu().numpy(),
-                            actions=tgt, action_mask=mask, label=0.0, advantage=0.0, step=d.step))
+                            actions=tgt, action_mask=mask, label=0.0, advantage=0.0, step=d.step, demo=1.0))
         return out
 
     # ------------------------------------------------------------------ batches and loss
@@ -133,10 +142,16 @@ class PI0_CFG_Adapter:
         while len(images) < n_cam:  # absent cameras (right wrist): zero image, mask False, as at inference
             images.append(torch.full_like(images[0], -1.0))
             masks.append(torch.zeros(b, dtype=torch.bool, device=dev))
+        # (B,) which windows bring their own flow noise (H, 32); the others get fresh noise in ``loss``
+        has = torch.tensor([w.get("noise") is not None for w in windows], device=dev)
+        noise = torch.stack([torch.as_tensor(w["noise"]) if w.get("noise") is not None
+                             else torch.zeros(w["actions"].shape) for w in windows]).float().to(dev)
         return dict(images=images[:n_cam], img_masks=masks[:n_cam], lang_tokens=st("tokens", torch.long),
+                    noise=noise, has_noise=has,
                     lang_masks=st("token_mask", torch.bool), state=st("state", torch.float32),
                     actions=st("actions", torch.float32), action_mask=st("action_mask", torch.float32),
-                    label=st("label", torch.float32), advantage=st("advantage", torch.float32))
+                    label=st("label", torch.float32), advantage=st("advantage", torch.float32),
+                    demo=torch.tensor([float(w.get("demo", 0.0)) for w in windows], device=dev))
 
     def loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None,
              use_condition: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
@@ -152,6 +167,8 @@ class PI0_CFG_Adapter:
             cond = cfg_condition_inputs(labels.cpu(), self.p_uncond, generator).to(labels.device)
         b, h, a = batch["actions"].shape
         noise = torch.randn(b, h, a, generator=generator).to(labels.device)
+        if "has_noise" in batch:  # the sampler's own noise for its own chunks (reflow coupling)
+            noise = torch.where(batch["has_noise"][:, None, None], batch["noise"], noise)
         time = sample_time(b, generator=generator).to(labels.device)
         sq = model(batch["images"], batch["img_masks"], batch["lang_tokens"], batch["lang_masks"], batch["state"],
                    batch["actions"], noise=noise, time=time, condition=cond)
@@ -161,8 +178,9 @@ class PI0_CFG_Adapter:
         if self.advantage_weighting and cond is not None and bool((is_c > 0).any()):
             adv = batch["advantage"].clamp_min(0)
             weights = torch.where(is_c > 0, adv / adv[is_c > 0].mean().clamp_min(1e-6), weights)
-        if self.negative_weight != 1.0:
-            weights = torch.where(labels > 0, weights, torch.full_like(weights, self.negative_weight))
+        if self.negative_weight != 1.0:  # rollout windows with A <= 0 only: expert demos (anchors) keep weight 1
+            keep = (labels > 0) | (batch["demo"] > 0) if "demo" in batch else labels > 0
+            weights = torch.where(keep, weights, torch.full_like(weights, self.negative_weight))
         loss = (per * weights).mean()
         stats = {"loss": float(loss.detach()), "frac_cond": float(is_c.mean())}
         for name, m in (("loss_cond", is_c > 0), ("loss_uncond", is_c <= 0)):
