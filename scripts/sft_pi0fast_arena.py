@@ -34,7 +34,7 @@ from pi0.policies import PolicyChunkAdapter
 from pi0.policy_pi0fast import FASTPolicyConfig, PI0FASTPolicy
 from pi0.presets import tiny_tokenizer
 from pi0.rollout import RolloutRunner, RunnerConfig
-from pi0.rollout.policies import RandomChunkPolicy
+from pi0.rollout.policies import RandomChunkPolicy, collect_expert_demos
 from pi0.transforms import libero_client_obs
 from pi0.utils.cli import parse_config
 
@@ -70,10 +70,8 @@ def collect_demos(cfg: Config, spec: EnvSpec) -> dict[str, np.ndarray]:
     """Expert episodes -> arrays: image/wrist (N,S,S,3) uint8, state (N,8), actions (N,H,7), prompt (N,).
 
     One row per decision point (every ``replan_steps`` steps, as at evaluation), labelled with the noise-free
-    expert chunk from that state (``pi0.ript.warm_start.collect_expert_demos``, shared with pi0's warm start).
+    expert chunk from that state (``pi0.rollout.policies.collect_expert_demos``, shared with pi0's warm start).
     """
-    from pi0.ript.warm_start import collect_expert_demos
-
     inits = [(t, i) for t in cfg.task_ids for i in range(cfg.demo_inits)]
     with RolloutRunner(spec, None, RunnerConfig(num_envs=cfg.num_envs, replan_steps=cfg.replan_steps,
                                                 use_subprocess=False)) as r:

@@ -308,7 +308,7 @@ def test_coupled_noise_trains_on_the_samplers_own_noise(arena_policy):
         ad = PI0_CFG_Adapter(arena_policy, coupled_noise=coupled)
         batch = ad.collate(ad.episode_windows(_episode(2), advantage=0.0))
         assert bool(batch["has_noise"].all()) == coupled
-        losses[coupled] = [float(ad.loss(batch, torch.Generator().manual_seed(s), use_condition=False)[0])
+        losses[coupled] = [float(ad.loss(batch, torch.Generator().manual_seed(s), use_condition=False)[0].detach())
                            for s in (0, 1)]
     ad = PI0_CFG_Adapter(arena_policy, coupled_noise=True)
     b = ad.collate(ws)

@@ -22,7 +22,8 @@ from pi0.modeling_pi0 import PI0Policy, PolicyConfig
 from pi0.normalize import NormStats, Stats
 from pi0.presets import default_cache_dir, tiny_tokenizer
 from pi0.envs import make_env_spec
-from pi0.rollout import ArenaExpertPolicy, Episode, RolloutRunner, RunnerConfig
+from pi0.rollout import Episode, RolloutRunner, RunnerConfig
+from pi0.rollout.policies import collect_expert_demos
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
 from pi0.transforms import libero_client_obs
@@ -65,22 +66,6 @@ def arena_runner(num_envs: int, replan_steps: int, resolution: int = 64, max_ste
     spec = make_env_spec("arena", resolution=resolution, num_init_states=num_init_states)
     return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, use_subprocess=False,
                                                   max_steps=max_steps))
-
-
-def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int,
-                         noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
-    """Expert episodes on ``states`` + the noise-free expert chunks (D, H, 7) at every decision point.
-
-    ``noise > 0`` executes a noisy expert (action-noise std) but keeps the clean chunks as labels, so the demos
-    visit off-path states with corrective labels (DART-style noise injection); 0 = the plain noise-free expert.
-    """
-    from pi0.envs.arena import ArenaExpert, ArenaState
-
-    episodes = runner.run(list(states), group_size=1,
-                          policy=ArenaExpertPolicy(horizon=horizon, noise=noise, seed=seed if noise > 0 else None))
-    expert = ArenaExpert()
-    return [(e, np.stack([expert.predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), horizon)
-                          for d in e.decisions])) for e in episodes]
 
 
 def demo_norm_stats(demos: Sequence[tuple[Episode, np.ndarray]]) -> NormStats:

@@ -1,15 +1,21 @@
-"""Cheap :class:`~pi0.rollout.types.ChunkPolicy` implementations (no model): random, arena expert, latency."""
+"""Cheap :class:`~pi0.rollout.types.ChunkPolicy` implementations (no model): random, arena expert, latency;
+and the arena expert demonstrations collected through a runner."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pi0.rollout.types import ChunkPolicy, PolicyOutput
 
-__all__ = ["ArenaExpertPolicy", "LatencyPolicy", "RandomChunkPolicy", "ZeroChunkPolicy"]
+if TYPE_CHECKING:
+    from pi0.rollout.runner import RolloutRunner
+    from pi0.rollout.types import Episode
+
+__all__ = ["ArenaExpertPolicy", "LatencyPolicy", "RandomChunkPolicy", "ZeroChunkPolicy", "collect_expert_demos"]
 
 
 class RandomChunkPolicy:
@@ -73,6 +79,24 @@ class ArenaExpertPolicy:
         chunks = np.stack([self.expert.predict_chunk(ArenaState.from_vector(s), self.horizon) for s in states]) \
             if len(obs) else np.zeros((0, self.horizon, 7))
         return PolicyOutput(actions=chunks, extras={"state": states})  # float64: exactly what was simulated
+
+
+def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int,
+                         noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
+    """Arena expert episodes on ``states`` + the noise-free expert chunks (D, H, 7) at every decision point.
+
+    The demonstrations of pi0's warm start (``pi0.ript.warm_start``) and of pi0-FAST's arena SFT.
+
+    ``noise > 0`` executes a noisy expert (action-noise std) but keeps the clean chunks as labels, so the demos
+    visit off-path states with corrective labels (DART-style noise injection); 0 = the plain noise-free expert.
+    """
+    from pi0.envs.arena import ArenaExpert, ArenaState
+
+    episodes = runner.run(list(states), group_size=1,
+                          policy=ArenaExpertPolicy(horizon=horizon, noise=noise, seed=seed if noise > 0 else None))
+    expert = ArenaExpert()
+    return [(e, np.stack([expert.predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), horizon)
+                          for d in e.decisions])) for e in episodes]
 
 
 class LatencyPolicy:
