@@ -68,6 +68,20 @@ def arena_runner(num_envs: int, replan_steps: int, resolution: int = 64, max_ste
                                                   max_steps=max_steps))
 
 
+def arena_expert_demos(demo_states: Sequence[tuple[int, int]], horizon: int, replan_steps: int, resolution: int = 64,
+                       noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
+    """:func:`collect_expert_demos` on ``demo_states`` through an in-process arena runner sized to them."""
+    with arena_runner(8, replan_steps, resolution,
+                      num_init_states=max(200, 1 + max(i for _, i in demo_states))) as runner:
+        return collect_expert_demos(runner, demo_states, horizon, noise, seed)
+
+
+def demo_windows(policy: PI0Policy, demos: Sequence[tuple[Episode, np.ndarray]]) -> list[Window]:
+    """Expert demos (episode, chunks (D, H, 7)) -> SFT / anchor windows of ``policy`` (executed-action targets)."""
+    adapter = PI0_CFG_Adapter(policy, target="executed")
+    return [w for e, chunks in demos for w in adapter.demo_windows(e, chunks)]
+
+
 def demo_norm_stats(demos: Sequence[tuple[Episode, np.ndarray]]) -> NormStats:
     """z-score / quantile stats of the client state (8,) and the expert actions (7,) of the demos."""
     states = np.stack([libero_client_obs(d.obs, 16)["state"] for e, _ in demos for d in e.decisions])
@@ -144,18 +158,12 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     root = (cache_dir or default_cache_dir()) / "ript_warm_start" / warm_start_key(cfg, demo_states, sft_steps,
                                                                                   opt_cfg, demo_noise, stop)
     torch.manual_seed(cfg.seed)
-    runner = arena_runner(8, cfg.n_action_steps, resolution,
-                          num_init_states=max(200, 1 + max(i for _, i in demo_states)))
-    try:
-        demos = collect_expert_demos(runner, demo_states, cfg.action_horizon, demo_noise, cfg.seed)
-    finally:
-        runner.close()
+    demos = arena_expert_demos(demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, demo_noise, cfg.seed)
     if (root / "model.safetensors").is_file():
         policy = PI0Policy.from_pretrained(root)
     else:
         policy = tiny_arena_policy(cfg, demo_norm_stats(demos))
-    adapter = PI0_CFG_Adapter(policy, target="executed")
-    windows = [w for e, chunks in demos for w in adapter.demo_windows(e, chunks)]
+    windows = demo_windows(policy, demos)
     if not (root / "model.safetensors").is_file():
         curve = []
         if stop is None:

@@ -75,16 +75,13 @@ def anchor_windows(cfg: TrainConfig, policy: PI0Policy) -> list:
     """The warm start's expert demo windows for ``algo.anchor_ratio`` > 0 (arena only; recomputed, also on resume)."""
     if cfg.algo.anchor_ratio <= 0:
         return []
-    from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter
-    from pi0.ript.warm_start import arena_runner, collect_expert_demos
+    from pi0.ript.warm_start import arena_expert_demos, demo_windows
 
     t = cfg.task
-    demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
-    with arena_runner(8, policy.config.n_action_steps, cfg.env.resolution,
-                      num_init_states=max(200, t.warm_start_demos)) as runner:
-        episodes = collect_expert_demos(runner, demos, policy.config.model.action_horizon)
-    adapter = PI0_CFG_Adapter(policy, target="executed")
-    return [w for e, chunks in episodes for w in adapter.demo_windows(e, chunks)]
+    states = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
+    demos = arena_expert_demos(states, policy.config.model.action_horizon, policy.config.n_action_steps,
+                               cfg.env.resolution)
+    return demo_windows(policy, demos)
 
 
 def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
