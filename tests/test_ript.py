@@ -358,3 +358,25 @@ def test_negative_weight_spares_demo_anchor_windows(arena_policy):
     full, _ = PI0_CFG_Adapter(arena_policy, negative_weight=1.0).loss(ad.collate(neg), torch.Generator().manual_seed(0))
     assert float(zero.detach()) == 0.0
     torch.testing.assert_close(kept, full)  # a demo window trains the unconditioned branch at full weight
+
+
+def test_frozen_behavior_collects_with_a_snapshot_refreshed_on_schedule(arena_policy):
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        with pytest.raises(ValueError, match="behavior"):
+            RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), RLConfig(behavior="old"))
+        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, behavior="frozen",
+                       behavior_refresh=2, opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
+        snap = tr.behavior
+        assert snap is not arena_policy and tr.rollouts.policy.policy is snap  # rollouts come from the snapshot
+        assert not any(p.requires_grad for p in snap.model.parameters())
+        start = {k: v.clone() for k, v in snap.model.state_dict().items()}
+        tr.step()  # iteration 1: the policy moves, the snapshot does not
+        moved = [k for k, v in arena_policy.model.state_dict().items() if not torch.equal(v, start[k])]
+        assert moved and all(torch.equal(snap.model.state_dict()[k], start[k]) for k in start)
+        tr.step()  # iteration 2 = behavior_refresh: the snapshot takes the trained weights
+        for k, v in arena_policy.model.state_dict().items():
+            assert torch.equal(snap.model.state_dict()[k], v), k
+    finally:
+        runner.close()

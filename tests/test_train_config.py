@@ -46,6 +46,8 @@ def test_required_presets_are_bundled():
     (["distributed.backend=mpi"], ["distributed.backend", "gloo"]),
     (["algo.iterations"], ["key=value"]),
     (["algo.anchor_ratio=-1"], ["algo.anchor_ratio", ">= 0"]),
+    (["algo.behavior=offline"], ["algo.behavior", "'current', 'frozen'"]),
+    (["algo.behavior_refresh=-2"], ["algo.behavior_refresh", ">= 0"]),
     (["algo.anchor_ratio=1", "task.env=libero"], ["algo.anchor_ratio", "arena warm start"]),
     (["task.warm_start_target=0.3"], ["task.warm_start_target", "overlap", "task.eval_start"]),
     (["task.warm_start_target=2"], ["task.warm_start_target", "[0, 1]"]),
@@ -97,9 +99,11 @@ def _params(policy_dir):
     return load_file(str(Path(policy_dir) / "model.safetensors"))
 
 
-def test_resume_reproduces_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("behavior", ["current", "frozen"])  # frozen: the lagging rollout snapshot is restored too
+def test_resume_reproduces_uninterrupted_run(tmp_path, behavior):
     from pi0.ript.utils.train_loop import train
-    common = TINY + [f"logging.out_dir={tmp_path}", "algo.eval_every=0", "logging.plot=false"]
+    common = TINY + [f"logging.out_dir={tmp_path}", "algo.eval_every=0", "logging.plot=false",
+                     f"algo.behavior={behavior}"]
     full = train(load_config("debug_train_pi0", common + ["logging.run_name=full", "algo.iterations=2"]))
     train(load_config("debug_train_pi0", common + ["logging.run_name=cut", "algo.iterations=1"]))
     resumed = train(load_config("debug_train_pi0", common + ["logging.run_name=cut", "algo.iterations=2"]),

@@ -1,12 +1,14 @@
 """One RIPT-CFG iteration (stages 7-11 through pi0.ript.utils.train_loop; the bench): collect, RLOO, update, eval.
 
-One iteration: ``RolloutGenerator.collect`` (K rollouts per sampled init state, guided by the policy's w),
+One iteration: ``RolloutGenerator.collect`` (K rollouts per sampled init state, guided by the policy's w; by a frozen
+snapshot of the policy with ``behavior="frozen"``),
 RLOO advantages and labels, windows from each kept episode's decision points, ``RLOptimizerPI0_CFG.step``,
 and (every ``eval_every`` iterations) the success rate on held-out init states. Scalars go to TensorBoard.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -43,12 +45,24 @@ class RLConfig:
     # SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
     # branch collapses when only the unconditioned one is anchored (bench/results/rl_diagnosis.md). 0 = off
     anchor_ratio: float = 0.0
+    # Which policy collects the rollouts. "current": on-policy, as RIPT. "frozen": a snapshot of the policy taken at
+    # the start (and every ``behavior_refresh`` iterations; 0 = never), so both branches fit FIXED targets: the
+    # unconditioned one the snapshot's own samples, the conditioned one its successes. That is the setting of
+    # CFGRL's improvement guarantee, p_w(a|s) ~ p_ref(a|s) p(success|s,a)^w. On the tiny arena pi0, training on
+    # the current policy's own samples compounds its fitting error and degrades it, whereas fitting a frozen
+    # copy's samples at the same states is stable (bench/results/rl_diagnosis.md, session 3). The snapshot is a
+    # second copy of the weights in memory (about 7 GB for a bf16 pi0).
+    behavior: str = "current"
+    behavior_refresh: int = 0
     dynamic_sampling: bool = True
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
     eval_every: int = 1  # 0 = never
     eval_repeats: int = 1
     opt: OptimizerConfig = field(default_factory=OptimizerConfig)
     seed: int = 0
+
+
+BEHAVIORS = ("current", "frozen")
 
 
 def enable_optimality_condition(policy: PI0Policy, guidance: float | None = None) -> PI0Policy:
@@ -84,8 +98,14 @@ class RIPTTrainer:
                                        cfg.negative_weight)
         self.optimizer = RLOptimizerPI0_CFG(self.adapter, cfg.opt, seed=cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.rollouts = RolloutGenerator(runner, Pi0ChunkPolicy(policy, self.generator), sampler, cfg.group_size,
-                                         cfg.dynamic_sampling, history, cfg.max_collect_attempts)
+        if cfg.behavior not in BEHAVIORS:
+            raise ValueError(f"behavior must be one of {BEHAVIORS}, got {cfg.behavior!r}")
+        self.behavior = policy
+        if cfg.behavior == "frozen":  # a no-grad snapshot (same weights, w and norm stats), refreshed in step()
+            self.behavior = copy.deepcopy(policy).eval()
+            self.behavior.model.requires_grad_(False)
+        self.rollouts = RolloutGenerator(runner, Pi0ChunkPolicy(self.behavior, self.generator), sampler,
+                                         cfg.group_size, cfg.dynamic_sampling, history, cfg.max_collect_attempts)
         self.eval_states = list(eval_states)
         self.writer = writer
         self.iteration = 0
@@ -103,6 +123,11 @@ class RIPTTrainer:
             self.policy.config.cfg_guidance = old
         return float(np.mean([e.success for e in eps]))
 
+    def refresh_behavior(self) -> None:
+        """Copy the trained weights (and w) into the frozen behaviour snapshot (``behavior="frozen"``)."""
+        self.behavior.model.load_state_dict(self.policy.model.state_dict())
+        self.behavior.config.cfg_guidance = self.policy.config.cfg_guidance
+
     def step(self) -> dict[str, float]:
         """One iteration: collect, advantages, update (+ eval); returns and logs its scalars."""
         cfg = self.cfg
@@ -116,6 +141,8 @@ class RIPTTrainer:
             windows = windows + [self.anchor_windows[i] for i in idx]
         upd = self.optimizer.step(windows)  # also with no windows: a distributed optimizer must join collectives
         self.iteration += 1
+        if self.behavior is not self.policy and cfg.behavior_refresh and self.iteration % cfg.behavior_refresh == 0:
+            self.refresh_behavior()
         adv = np.concatenate([g.advantages for g in col.groups]) if col.groups else np.zeros(1)
         st = {"rollout/success_rate": col.success_rate, "rollout/frac_groups_kept": col.frac_kept,
               "rollout/groups": float(col.num_groups), "rollout/skipped_states": float(col.num_skipped_states),

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pi0.errors import UserError, require_path
 from pi0.rollout.config import RunnerConfig
-from pi0.ript.trainer import RLConfig
+from pi0.ript.trainer import BEHAVIORS, RLConfig
 
 PRESET_DIR = Path(__file__).parent
 ENVS = ("arena", "libero")
@@ -133,6 +133,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.negative_weight": (lambda v: v >= 0.0, ">= 0"),
     "algo.anchor_ratio": (lambda v: v >= 0.0, ">= 0 (0 = no demo anchor)"),
     "algo.target": (lambda v: v in ("model_actions", "executed"), "'model_actions' or 'executed'"),
+    "algo.behavior": (lambda v: v in BEHAVIORS, f"one of {BEHAVIORS}"),
+    "algo.behavior_refresh": (lambda v: v >= 0, ">= 0 (0 = the frozen snapshot is never refreshed)"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
     "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),

@@ -59,7 +59,10 @@ def save_checkpoint(run_dir: str | Path, trainer: RIPTTrainer, scheduler: Any, i
         trainer.policy.save_pretrained(tmp)
         torch.save({"optimizer": trainer.optimizer.optimizer.state_dict(),
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "iteration": trainer.iteration, "curve": trainer.curve, "world_size": info.world_size}, tmp / "train_state.pt")
+                    "iteration": trainer.iteration, "curve": trainer.curve, "world_size": info.world_size,
+                    # algo.behavior="frozen": the rollout snapshot (it lags the trained weights until its refresh)
+                    "behavior": (trainer.behavior.model.state_dict() if trainer.behavior is not trainer.policy
+                                 else None)}, tmp / "train_state.pt")
     barrier(info)
     hist = trainer.rollouts.history
     torch.save({"rng": rng_state(trainer), "history": hist.to_json() if hist is not None else None},
@@ -95,6 +98,8 @@ def load_train_state(ckpt: Path, trainer: RIPTTrainer, scheduler: Any, info: Dis
     if scheduler is not None and st["scheduler"] is not None:
         scheduler.load_state_dict(st["scheduler"])
     trainer.iteration, trainer.curve = int(st["iteration"]), list(st["curve"])
+    if st.get("behavior") is not None and trainer.behavior is not trainer.policy:
+        trainer.behavior.model.load_state_dict(st["behavior"])
     mine = torch.load(ckpt / f"rank{info.rank}.pt", weights_only=False)
     set_rng_state(trainer, mine["rng"])
     if mine["history"] is not None and trainer.rollouts.history is not None:
