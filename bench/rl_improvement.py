@@ -3,8 +3,8 @@ r"""Bench: does RIPT-CFG measurably improve a weak pi0 on held-out arena init st
 A tiny pi0 (same architecture, small sizes, ``init="scratch"``) is warm-started by SFT on scripted-expert demos,
 stopped once validation success reaches ``--warm_success`` (cached), then fine-tuned by RIPT-CFG (K rollouts per
 init state, RLOO, CFG-style flow update, each update anchored with the warm start's own demos as positives:
-``--anchor_ratio``) for a wall-clock budget. The rollouts come from a frozen snapshot of the policy refreshed every
-``--behavior_refresh`` iterations (``--behavior current``: on-policy). Findings: bench/results/rl_diagnosis.md.
+``--anchor_ratio``) for a wall-clock budget. The rollouts come from a frozen snapshot of the warm start (refreshed every
+``--behavior_refresh`` iterations if > 0; ``--behavior current``: on-policy). Findings: bench/results/rl_diagnosis.md.
 In the same run: the RL model at w=1, continued SFT on the same demos for the same wall-clock, and success
 against w in {0, 1, 1.5, 2, 3}. Writes <out>/rl_improvement.json and .png; the last line is
 ``before=<r> after=<r> w1=<r> sft=<r> minutes=<m>``.
@@ -57,10 +57,11 @@ class Config:
     target: str = "model_actions"
     negative_weight: float = 0.0  # loss weight of A <= 0 windows (1 = plain CFGRL; own failures degrade the policy)
     anchor_ratio: float = 1.0  # warm-start demo windows (as positives) per RL window in each update; 0 = none
-    # who collects: "frozen" (a snapshot of the policy, see RLConfig.behavior; seed 0 held 0.6-0.86, seed 1 peaked
-    # at 0.90 and fell to 0.27) | "current" (on-policy: peaked at 0.74, fell to 0.26; bench/results/rl_diagnosis.md)
+    # who collects: "frozen" (a snapshot of the policy, see RLConfig.behavior; never refreshed it held two seeds at
+    # 0.5-0.83, refreshed every 20 iterations seed 1 peaked at 0.90 and fell to 0.27) | "current" (on-policy: peaked
+    # at 0.74, fell to 0.26; bench/results/rl_diagnosis.md)
     behavior: str = "frozen"
-    behavior_refresh: int = 20  # iterations between two snapshots (behavior="frozen"; 0 = never)
+    behavior_refresh: int = 0  # iterations between two snapshots (behavior="frozen"; 0 = never)
     lr: float = 3e-4
     epochs: int = 1
     minibatch_size: int = 32
