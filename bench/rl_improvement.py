@@ -58,7 +58,7 @@ class Config:
     negative_weight: float = 0.0  # loss weight of A <= 0 windows (1 = plain CFGRL; own failures degrade the policy)
     anchor_ratio: float = 1.0  # warm-start demo windows (as positives) per RL window in each update; 0 = none
     # who collects: "frozen" (a snapshot of the policy, see RLConfig.behavior; never refreshed it held two seeds at
-    # 0.5-0.83, refreshed every 20 iterations seed 1 peaked at 0.90 and fell to 0.27) | "current" (on-policy: peaked
+    # 0.40-0.83, refreshed every 20 iterations seed 1 peaked at 0.90 and fell to 0.27) | "current" (on-policy: peaked
     # at 0.74, fell to 0.26; bench/results/rl_diagnosis.md)
     behavior: str = "frozen"
     behavior_refresh: int = 0  # iterations between two snapshots (behavior="frozen"; 0 = never)
