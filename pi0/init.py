@@ -7,6 +7,14 @@ from torch import nn
 
 from pi0.gemma import RMSNorm
 
+INIT_MODES = ("noisy", "scratch")  # random_init of PI0Policy / PI0FASTPolicy: parity init | to train from scratch
+
+
+def check_init_mode(init: str) -> None:
+    """Raise a ValueError naming the allowed modes for an unknown ``random_init(init=...)``."""
+    if init not in INIT_MODES:
+        raise ValueError(f"init must be one of {INIT_MODES}, got {init!r}")
+
 
 @torch.no_grad()
 def scratch_init_(model: nn.Module, gen: torch.Generator) -> None:

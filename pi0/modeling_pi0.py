@@ -26,7 +26,7 @@ from pi0.attention import make_attn_mask, make_positions
 from pi0.config import CAMERA_KEYS, Pi0Config, check_keys
 from pi0.fast_sampler import FastSampler
 from pi0.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
-from pi0.init import scratch_init_
+from pi0.init import check_init_mode, scratch_init_
 from pi0.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 from pi0.policy_io import Observation, PolicyIO
@@ -486,8 +486,7 @@ class PI0Policy(PolicyIO, nn.Module):
         float32 (tensors over 2**22 elements in 2**22-element slices) and cast in place, so a bf16 config never
         holds a float32 model.
         """
-        if init not in ("noisy", "scratch"):
-            raise ValueError(f"init must be 'noisy' or 'scratch', got {init!r}")
+        check_init_mode(init)
         gen = torch.Generator().manual_seed(seed)
         with torch.device("meta"):
             model = PI0Model(config.model)

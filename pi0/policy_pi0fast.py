@@ -27,7 +27,7 @@ from torch import nn
 from pi0 import checkpoint_io
 from pi0.config import CAMERA_KEYS, check_keys
 from pi0.fast_tokenizer import FASTTokenizer, synthetic_chunks
-from pi0.init import scratch_init_
+from pi0.init import check_init_mode, scratch_init_
 from pi0.modeling_pi0fast import PALIGEMMA_EOS_TOKEN, PI0FASTModel, Pi0FASTConfig
 from pi0.normalize import MODES, NormStats, load_norm_stats, normalize, save_norm_stats, unnormalize
 from pi0.policy_io import Observation, PolicyIO
@@ -334,8 +334,7 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
                     init: str = "noisy") -> "PI0FASTPolicy":
         """A randomly initialised policy: ``init="noisy"`` (embedded default / tests: N(0, std) weights, noisy
         norms) or ``"scratch"`` (to train from scratch: :func:`pi0.init.scratch_init_`)."""
-        if init not in ("noisy", "scratch"):
-            raise ValueError(f"init must be 'noisy' or 'scratch', got {init!r}")
+        check_init_mode(init)
         gen = torch.Generator().manual_seed(seed)
         model = PI0FASTModel(config.model)
         with torch.no_grad():

@@ -68,11 +68,15 @@ def arena_runner(num_envs: int, replan_steps: int, resolution: int = 64, max_ste
                                                   max_steps=max_steps))
 
 
+def init_states_for(states: Sequence[tuple[int, int]]) -> int:
+    """Arena init states a runner needs to serve ``states`` (at least the default 200)."""
+    return max(200, 1 + max(i for _, i in states))
+
+
 def arena_expert_demos(demo_states: Sequence[tuple[int, int]], horizon: int, replan_steps: int, resolution: int = 64,
                        noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
     """:func:`collect_expert_demos` on ``demo_states`` through an in-process arena runner sized to them."""
-    with arena_runner(8, replan_steps, resolution,
-                      num_init_states=max(200, 1 + max(i for _, i in demo_states))) as runner:
+    with arena_runner(8, replan_steps, resolution, num_init_states=init_states_for(demo_states)) as runner:
         return collect_expert_demos(runner, demo_states, horizon, noise, seed)
 
 
@@ -170,7 +174,7 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
             sft(policy, windows, opt_cfg, steps=sft_steps, seed=cfg.seed)
         else:
             val_runner = arena_runner(min(50, len(stop.val_states)), cfg.n_action_steps, resolution,
-                                      num_init_states=max(200, 1 + max(i for _, i in stop.val_states)))
+                                      num_init_states=init_states_for(stop.val_states))
             opt, done = None, 0
             try:
                 while done < sft_steps:

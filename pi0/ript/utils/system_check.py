@@ -134,9 +134,9 @@ def check_rollout_and_update(cfg: TrainConfig) -> Check:
     t0 = time.perf_counter()
     try:
         info = DistInfo(device=cfg.device if cfg.device == "cpu" else "cuda:0")
-        policy = initial_policy(small, info)
+        policy, warm_windows = initial_policy(small, info)
         with build_runner(small) as runner:
-            st = build_trainer(small, info, policy, runner).step()
+            st = build_trainer(small, info, policy, runner, warm_windows).step()
     except Exception as err:  # noqa: BLE001
         return Check("rollout+update", False, f"{type(err).__name__}: {err}",
                      "fix the failures above first; rerun with the traceback: python -X dev quick_single_gpu_test.py")

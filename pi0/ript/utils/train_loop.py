@@ -46,14 +46,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
-    """task.checkpoint, or the tiny arena warm start cached under ``<out_dir>/cache`` (rank 0 computes it first)."""
+def initial_policy(cfg: TrainConfig, info: DistInfo) -> tuple[PI0Policy, list | None]:
+    """task.checkpoint, or the tiny arena warm start cached under ``<out_dir>/cache`` (rank 0 computes it first),
+    + the warm start's expert demo windows (None without a warm start)."""
     t = cfg.task
     if t.checkpoint:
-        return PI0Policy.from_pretrained(t.checkpoint, device=info.device)
+        return PI0Policy.from_pretrained(t.checkpoint, device=info.device), None
     if t.env == "libero":
         from pi0.presets import tiny_policy
-        return tiny_policy().to(info.device)
+        return tiny_policy().to(info.device), None
     from pi0.ript.warm_start import TinyArenaConfig, WarmStop, cached_warm_start
 
     demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
@@ -62,19 +63,23 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
         val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
         stop = WarmStop(t.warm_start_target, val, every=100)
     cache = Path(cfg.logging.out_dir) / "cache"
-    policy = None
+    policy, windows = None, None
     for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
         if info.is_main == turn:
-            policy, _, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
-                                             cache_dir=cache, resolution=cfg.env.resolution, stop=stop)
+            policy, windows, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps,
+                                                   OptimizerConfig(lr=1e-3), cache_dir=cache,
+                                                   resolution=cfg.env.resolution, stop=stop)
         barrier(info)
-    return policy.to(info.device)
+    return policy.to(info.device), windows
 
 
-def anchor_windows(cfg: TrainConfig, policy: PI0Policy) -> list:
-    """The warm start's expert demo windows for ``algo.anchor_ratio`` > 0 (arena only; recomputed, also on resume)."""
+def anchor_windows(cfg: TrainConfig, policy: PI0Policy, warm_windows: list | None = None) -> list:
+    """The warm start's expert demo windows for ``algo.anchor_ratio`` > 0 (arena only): ``warm_windows`` when
+    :func:`initial_policy` just built them, else (on resume) recollected."""
     if cfg.algo.anchor_ratio <= 0:
         return []
+    if warm_windows is not None:
+        return warm_windows
     from pi0.ript.warm_start import arena_expert_demos, demo_windows
 
     t = cfg.task
@@ -140,9 +145,10 @@ def make_counter(cfg: TrainConfig, info: DistInfo, run_dir: Path, it: int) -> An
     return FileGlobalCounter(run_dir / "counters" / f"iter_{it:05d}")
 
 
-def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: RolloutRunner
-                  ) -> RIPTTrainer:
-    """Trainer over this rank's shard, with the distributed optimizer and the counted generator."""
+def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: RolloutRunner,
+                  warm_windows: list | None = None) -> RIPTTrainer:
+    """Trainer over this rank's shard, with the distributed optimizer and the counted generator (``warm_windows``:
+    the warm start's demo windows from :func:`initial_policy`, the anchor's source)."""
     t = cfg.task
     train, held_out = split_states(t.task_ids, t.train_states, t.eval_start, t.eval_states)
     shard = shard_tasks_across_gpus(train, info.rank, info.world_size)
@@ -151,7 +157,7 @@ def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: R
     algo = dataclasses.replace(cfg.algo, seed=seed)
     history = InitStateHistory(cfg.features.history_reprobe_after) if cfg.features.enable_smart_sampling else None
     trainer = RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history,
-                          anchor_windows=anchor_windows(cfg, policy))
+                          anchor_windows=anchor_windows(cfg, policy, warm_windows))
     trainer.optimizer = DistributedRLOptimizer(trainer.adapter, algo.opt, seed=seed, info=info)
     trainer.rollouts.__class__ = CountedRolloutGenerator
     return trainer
@@ -240,10 +246,11 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
     seed_everything(cfg.algo.seed + 1000 * info.rank)
     if info.is_main:
         save_config(cfg, run_dir / "config.yaml")
-    policy = PI0Policy.from_pretrained(ckpt, device=info.device) if ckpt else initial_policy(cfg, info)
+    policy, warm_windows = (PI0Policy.from_pretrained(ckpt, device=info.device), None) if ckpt \
+        else initial_policy(cfg, info)
     curve_path = run_dir / "curve.json"
     with build_runner(cfg) as runner:
-        trainer = build_trainer(cfg, info, policy, runner)
+        trainer = build_trainer(cfg, info, policy, runner, warm_windows)
         warm = cfg.warmup_iterations
         sched = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer.optimizer,
                                                   lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
