@@ -47,6 +47,17 @@ def check_keys(cls: type, data: dict[str, Any]) -> None:
         raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; valid keys are {sorted(known)}")
 
 
+def config_from_dict(cls: type, data: dict[str, Any], nested: dict[str, type] | None = None) -> Any:
+    """``cls(**data)`` (a config's ``from_dict``): unknown keys raise ValueError naming them, and a dict under a key
+    of ``nested`` becomes that config class (by its ``from_dict`` when it has one)."""
+    data = dict(data)
+    check_keys(cls, data)
+    for key, sub in (nested or {}).items():
+        if isinstance(data.get(key), dict):
+            data[key] = sub.from_dict(data[key]) if hasattr(sub, "from_dict") else config_from_dict(sub, data[key])
+    return cls(**data)
+
+
 @dataclass(frozen=True)
 class GemmaConfig:
     """One Gemma transformer (the VLM backbone or the action expert)."""
@@ -165,10 +176,5 @@ class Pi0Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Pi0Config":
         """Inverse of ``to_dict``; rejects unknown keys with a clear message."""
-        data = dict(data)
-        check_keys(cls, data)
-        for key, sub in (("paligemma", GemmaConfig), ("action_expert", GemmaConfig), ("vision", SiglipConfig)):
-            if key in data and isinstance(data[key], dict):
-                check_keys(sub, data[key])
-                data[key] = sub(**data[key])
-        return cls(**data)
+        return config_from_dict(cls, data, {"paligemma": GemmaConfig, "action_expert": GemmaConfig,
+                                            "vision": SiglipConfig})

@@ -23,7 +23,7 @@ from torch import nn
 
 from pi0 import checkpoint_io
 from pi0.attention import make_attn_mask, make_positions
-from pi0.config import CAMERA_KEYS, Pi0Config, check_keys
+from pi0.config import CAMERA_KEYS, Pi0Config, config_from_dict
 from pi0.fast_sampler import FastSampler
 from pi0.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 from pi0.init import check_init_mode, scratch_init_
@@ -311,11 +311,7 @@ class PolicyConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
         """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
-        data = dict(data)
-        check_keys(cls, data)
-        if "model" in data:
-            data["model"] = Pi0Config.from_dict(data["model"])
-        return cls(**data)
+        return config_from_dict(cls, data, {"model": Pi0Config})
 
 
 class PI0Policy(PolicyIO, nn.Module):

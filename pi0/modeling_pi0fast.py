@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pi0.attention import apply_rope, attention, make_attn_mask
-from pi0.config import DTYPES, PALIGEMMA_VOCAB_SIZE, GemmaConfig, SiglipConfig, check_keys
+from pi0.config import DTYPES, PALIGEMMA_VOCAB_SIZE, GemmaConfig, SiglipConfig, config_from_dict
 from pi0.paligemma_with_expert import KVCache, PaliGemma
 
 PALIGEMMA_EOS_TOKEN = 1  # as in openpi pi0_fast.py
@@ -70,13 +70,7 @@ class Pi0FASTConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Pi0FASTConfig":
         """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
-        data = dict(data)
-        check_keys(cls, data)
-        for key, sub in (("paligemma", GemmaConfig), ("vision", SiglipConfig)):
-            if isinstance(data.get(key), dict):
-                check_keys(sub, data[key])
-                data[key] = sub(**data[key])
-        return cls(**data)
+        return config_from_dict(cls, data, {"paligemma": GemmaConfig, "vision": SiglipConfig})
 
 
 class PI0FASTModel(nn.Module):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from pi0 import checkpoint_io
-from pi0.config import CAMERA_KEYS, check_keys
+from pi0.config import CAMERA_KEYS, config_from_dict
 from pi0.fast_tokenizer import FASTTokenizer, synthetic_chunks
 from pi0.init import check_init_mode, scratch_init_
 from pi0.modeling_pi0fast import PALIGEMMA_EOS_TOKEN, PI0FASTModel, Pi0FASTConfig
@@ -161,11 +161,7 @@ class FASTPolicyConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FASTPolicyConfig":
         """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
-        data = dict(data)
-        check_keys(cls, data)
-        if "model" in data:
-            data["model"] = Pi0FASTConfig.from_dict(data["model"])
-        return cls(**data)
+        return config_from_dict(cls, data, {"model": Pi0FASTConfig})
 
 
 class PI0FASTPolicy(PolicyIO, nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -331,6 +332,11 @@ def test_anchor_windows_join_each_update(arena_policy):
         assert st["train/anchor_windows"] == 3 and st["train/windows"] == 9  # 6 RL windows + round(0.5 x 6)
         assert all(w["label"] == 1.0 for w in tr.anchor_windows)  # expert demos join as successes
         assert st["train/frac_positive"] >= 3 / 9
+        # the anchor-only ablation: same anchor size, rollout windows left out of the update
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}),
+                         dataclasses.replace(cfg, train_on_rollouts=False), anchor_windows=anchors)
+        st = tr.step()
+        assert st["train/anchor_windows"] == 3 and st["train/windows"] == 3 and st["train/frac_positive"] == 1.0
     finally:
         runner.close()
 
@@ -376,6 +382,36 @@ def test_frozen_behavior_collects_with_a_snapshot_refreshed_on_schedule(arena_po
         moved = [k for k, v in arena_policy.model.state_dict().items() if not torch.equal(v, start[k])]
         assert moved and all(torch.equal(snap.model.state_dict()[k], start[k]) for k in start)
         tr.step()  # iteration 2 = behavior_refresh: the snapshot takes the trained weights
+        for k, v in arena_policy.model.state_dict().items():
+            assert torch.equal(snap.model.state_dict()[k], v), k
+    finally:
+        runner.close()
+
+
+def test_refresh_gate_copies_the_trained_weights_only_when_they_win(arena_policy):
+    """RLConfig.refresh_gate: a refresh is a paired test on training states, decided on the rank-summed counts."""
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        with pytest.raises(ValueError, match="refresh_gate"):
+            RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), RLConfig(refresh_gate=-1))
+        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, behavior="frozen",
+                       behavior_refresh=1, refresh_gate=3, opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0, 1, 2, 3]}), cfg)
+        snap = tr.behavior
+        start = {k: v.clone() for k, v in snap.model.state_dict().items()}
+        # same weights, same states, same flow noise: a tie, and a tie keeps the snapshot
+        g = tr.gate_refresh()
+        assert g["behavior/candidate_success"] == g["behavior/snapshot_success"] and g["behavior/refreshed"] == 0.0
+        # other ranks (the all-reduce hook) report that the snapshot won: the trained weights are not taken
+        tr.stats_sum = lambda d: {**d, "snapshot": d["snapshot"] + 5.0, "n": d["n"] + 5.0}
+        st = tr.step()
+        assert st["behavior/refreshed"] == 0.0 and st["behavior/snapshot_success"] > st["behavior/candidate_success"]
+        assert all(torch.equal(snap.model.state_dict()[k], start[k]) for k in start)
+        assert any(not torch.equal(v, start[k]) for k, v in arena_policy.model.state_dict().items())
+        # ... that the trained policy won: the snapshot takes its weights
+        tr.stats_sum = lambda d: {**d, "candidate": d["candidate"] + 5.0, "n": d["n"] + 5.0}
+        st = tr.step()
+        assert st["behavior/refreshed"] == 1.0 and st["behavior/candidate_success"] >= 5 / 8
         for k, v in arena_policy.model.state_dict().items():
             assert torch.equal(snap.model.state_dict()[k], v), k
     finally:

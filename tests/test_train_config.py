@@ -48,6 +48,7 @@ def test_required_presets_are_bundled():
     (["algo.anchor_ratio=-1"], ["algo.anchor_ratio", ">= 0"]),
     (["algo.behavior=offline"], ["algo.behavior", "'current', 'frozen'"]),
     (["algo.behavior_refresh=-2"], ["algo.behavior_refresh", ">= 0"]),
+    (["algo.refresh_gate=-1"], ["algo.refresh_gate", ">= 0"]),
     (["algo.anchor_ratio=1", "task.env=libero"], ["algo.anchor_ratio", "arena warm start"]),
     (["task.warm_start_target=0.3"], ["task.warm_start_target", "overlap", "task.eval_start"]),
     (["task.warm_start_target=2"], ["task.warm_start_target", "[0, 1]"]),
@@ -99,11 +100,15 @@ def _params(policy_dir):
     return load_file(str(Path(policy_dir) / "model.safetensors"))
 
 
-@pytest.mark.parametrize("behavior", ["current", "frozen"])  # frozen: the lagging rollout snapshot is restored too
-def test_resume_reproduces_uninterrupted_run(tmp_path, behavior):
+@pytest.mark.parametrize("algo", [
+    ["algo.behavior=current"],
+    ["algo.behavior=frozen"],  # the lagging rollout snapshot is restored too
+    # the anchor's and the refresh test's RNGs are restored too
+    ["algo.behavior=frozen", "algo.behavior_refresh=1", "algo.refresh_gate=2", "algo.anchor_ratio=1"],
+], ids=["current", "frozen", "gated_anchored"])
+def test_resume_reproduces_uninterrupted_run(tmp_path, algo):
     from pi0.ript.utils.train_loop import train
-    common = TINY + [f"logging.out_dir={tmp_path}", "algo.eval_every=0", "logging.plot=false",
-                     f"algo.behavior={behavior}"]
+    common = TINY + [f"logging.out_dir={tmp_path}", "algo.eval_every=0", "logging.plot=false", *algo]
     full = train(load_config("debug_train_pi0", common + ["logging.run_name=full", "algo.iterations=2"]))
     train(load_config("debug_train_pi0", common + ["logging.run_name=cut", "algo.iterations=1"]))
     resumed = train(load_config("debug_train_pi0", common + ["logging.run_name=cut", "algo.iterations=2"]),

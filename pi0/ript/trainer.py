@@ -1,7 +1,8 @@
 """One RIPT-CFG iteration (stages 7-11 through pi0.ript.utils.train_loop; the bench): collect, RLOO, update, eval.
 
 One iteration: ``RolloutGenerator.collect`` (K rollouts per sampled init state, guided by the policy's w; by a frozen
-snapshot of the policy with ``behavior="frozen"``),
+snapshot of the policy with ``behavior="frozen"``, re-taken on a schedule, or only when the trained policy wins a
+paired test with ``refresh_gate``),
 RLOO advantages and labels, windows from each kept episode's decision points, ``RLOptimizerPI0_CFG.step``,
 and (every ``eval_every`` iterations) the success rate on held-out init states. Scalars go to TensorBoard.
 """
@@ -45,6 +46,9 @@ class RLConfig:
     # SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
     # branch collapses when only the unconditioned one is anchored (bench/results/rl_diagnosis.md). 0 = off
     anchor_ratio: float = 0.0
+    # False: an ablation that leaves the rollout windows out of the update; the anchor keeps its size (anchor_ratio x
+    # the rollout windows), so it measures what the rollouts add on top of the demos
+    train_on_rollouts: bool = True
     # Which policy collects the rollouts. "current": on-policy, as RIPT. "frozen": a snapshot of the policy taken at
     # the start (and every ``behavior_refresh`` iterations; 0 = never), so both branches fit FIXED targets: the
     # unconditioned one the snapshot's own samples, the conditioned one its successes. That is the setting of
@@ -54,6 +58,11 @@ class RLConfig:
     # second copy of the weights in memory (about 7 GB for a bf16 pi0).
     behavior: str = "current"
     behavior_refresh: int = 0
+    # > 0: a refresh is a test, not a copy. The trained policy and the snapshot each roll out once from the same
+    # ``refresh_gate`` training init states with the same flow noise, and the snapshot takes the trained weights only
+    # if they succeed more often (summed over ranks). The behaviour policy then never gets worse, and the learner
+    # fits its own fit only once per accepted refresh. 0 = refresh unconditionally.
+    refresh_gate: int = 0
     dynamic_sampling: bool = True
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
     eval_every: int = 1  # 0 = never
@@ -100,7 +109,12 @@ class RIPTTrainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         if cfg.behavior not in BEHAVIORS:
             raise ValueError(f"behavior must be one of {BEHAVIORS}, got {cfg.behavior!r}")
+        if cfg.refresh_gate < 0:
+            raise ValueError(f"refresh_gate must be >= 0, got {cfg.refresh_gate}")
         self.behavior = policy
+        self.gate_rng = np.random.default_rng(cfg.seed + 11)  # the refresh test's init states
+        # sums per-rank counts (RLConfig.refresh_gate); train_loop.build_trainer sets an all-reduce over ranks
+        self.stats_sum: Callable[[dict[str, float]], dict[str, float]] = dict
         if cfg.behavior == "frozen":  # a no-grad snapshot (same weights, w and norm stats), refreshed in step()
             self.behavior = copy.deepcopy(policy).eval()
             self.behavior.model.requires_grad_(False)
@@ -123,10 +137,32 @@ class RIPTTrainer:
             self.policy.config.cfg_guidance = old
         return float(np.mean([e.success for e in eps]))
 
+    @property
+    def frozen_behavior(self) -> PI0Policy | None:
+        """The no-grad rollout snapshot (``behavior="frozen"``), or None when the policy collects its own rollouts."""
+        return None if self.behavior is self.policy else self.behavior
+
     def refresh_behavior(self) -> None:
         """Copy the trained weights (and w) into the frozen behaviour snapshot (``behavior="frozen"``)."""
         self.behavior.model.load_state_dict(self.policy.model.state_dict())
         self.behavior.config.cfg_guidance = self.policy.config.cfg_guidance
+
+    def gate_refresh(self) -> dict[str, float]:
+        """RLConfig.refresh_gate: paired rollouts of the trained policy and the snapshot on training states; the
+        snapshot takes the trained weights only if they succeed more often -> ``behavior/*`` scalars."""
+        pairs = self.rollouts.sampler.pairs
+        n = self.cfg.refresh_gate
+        states = [pairs[i] for i in self.gate_rng.choice(len(pairs), n, replace=n > len(pairs))]
+        seed = self.cfg.seed * 100_003 + self.iteration  # the same flow noise for both policies
+        wins = {name: float(sum(e.success for e in self.runner.run(
+                    states, group_size=1, policy=Pi0ChunkPolicy(pol, torch.Generator().manual_seed(seed)))))
+                for name, pol in (("candidate", self.policy), ("snapshot", self.behavior))}
+        tot = self.stats_sum({**wins, "n": float(n)})
+        accepted = tot["candidate"] > tot["snapshot"]
+        if accepted:
+            self.refresh_behavior()
+        return {"behavior/candidate_success": tot["candidate"] / tot["n"],
+                "behavior/snapshot_success": tot["snapshot"] / tot["n"], "behavior/refreshed": float(accepted)}
 
     def step(self) -> dict[str, float]:
         """One iteration: collect, advantages, update (+ eval); returns and logs its scalars."""
@@ -139,10 +175,16 @@ class RIPTTrainer:
             pool = len(self.anchor_windows)
             idx = self.anchor_rng.choice(pool, n_anchor, replace=n_anchor > pool)
             windows = windows + [self.anchor_windows[i] for i in idx]
+        if not cfg.train_on_rollouts:
+            windows = windows[len(windows) - n_anchor:]
         upd = self.optimizer.step(windows)  # also with no windows: a distributed optimizer must join collectives
         self.iteration += 1
-        if self.behavior is not self.policy and cfg.behavior_refresh and self.iteration % cfg.behavior_refresh == 0:
-            self.refresh_behavior()
+        gate: dict[str, float] = {}
+        if self.frozen_behavior is not None and cfg.behavior_refresh and self.iteration % cfg.behavior_refresh == 0:
+            if cfg.refresh_gate:
+                gate = self.gate_refresh()
+            else:
+                self.refresh_behavior()
         adv = np.concatenate([g.advantages for g in col.groups]) if col.groups else np.zeros(1)
         st = {"rollout/success_rate": col.success_rate, "rollout/frac_groups_kept": col.frac_kept,
               "rollout/groups": float(col.num_groups), "rollout/skipped_states": float(col.num_skipped_states),
@@ -152,6 +194,7 @@ class RIPTTrainer:
               "train/frac_positive": float(np.mean([w["label"] for w in windows])) if windows else 0.0,
               "train/anchor_windows": float(n_anchor)}
         st.update({f"train/{k}": v for k, v in upd.items() if k != "update_time"})
+        st.update(gate)
         if cfg.eval_every and self.eval_states and self.iteration % cfg.eval_every == 0:
             t0 = time.perf_counter()
             st["eval/success_rate"] = self.evaluate()

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pi0.errors import UserError, require_path
 from pi0.rollout.config import RunnerConfig
+from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import TARGETS
 from pi0.ript.trainer import BEHAVIORS, RLConfig
 
 PRESET_DIR = Path(__file__).parent
@@ -132,9 +133,10 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
     "algo.negative_weight": (lambda v: v >= 0.0, ">= 0"),
     "algo.anchor_ratio": (lambda v: v >= 0.0, ">= 0 (0 = no demo anchor)"),
-    "algo.target": (lambda v: v in ("model_actions", "executed"), "'model_actions' or 'executed'"),
+    "algo.target": (lambda v: v in TARGETS, f"one of {TARGETS}"),
     "algo.behavior": (lambda v: v in BEHAVIORS, f"one of {BEHAVIORS}"),
     "algo.behavior_refresh": (lambda v: v >= 0, ">= 0 (0 = the frozen snapshot is never refreshed)"),
+    "algo.refresh_gate": (lambda v: v >= 0, ">= 0 (0 = every refresh copies the trained weights)"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
     "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),

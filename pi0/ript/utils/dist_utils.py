@@ -54,6 +54,8 @@ def setup_distributed(backend: str = "auto", device: str = "cpu", timeout_s: flo
     if world > 1 and not dist.is_initialized():
         if backend == "auto":
             backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":  # the scalar all-reduces (DistributedStatsSynchronizer) use CPU tensors: gloo
+            backend = "cpu:gloo,cuda:nccl"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local, device)
 

@@ -31,7 +31,8 @@ def rng_state(trainer: RIPTTrainer) -> dict[str, Any]:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "trainer_gen": trainer.generator.get_state(), "opt_gen": trainer.optimizer.generator.get_state(),
             "opt_rng": trainer.optimizer.rng.bit_generator.state, "sampler_rng": sampler.rng.bit_generator.state,
-            "sampler_order": [int(i) for i in sampler._order]}
+            "sampler_order": [int(i) for i in sampler._order], "anchor_rng": trainer.anchor_rng.bit_generator.state,
+            "gate_rng": trainer.gate_rng.bit_generator.state}
 
 
 def set_rng_state(trainer: RIPTTrainer, st: dict[str, Any]) -> None:
@@ -46,6 +47,9 @@ def set_rng_state(trainer: RIPTTrainer, st: dict[str, Any]) -> None:
     trainer.optimizer.rng.bit_generator.state = st["opt_rng"]
     trainer.rollouts.sampler.rng.bit_generator.state = st["sampler_rng"]
     trainer.rollouts.sampler._order = list(st["sampler_order"])
+    if "anchor_rng" in st:  # absent from checkpoints written before the anchor and the refresh test were saved
+        trainer.anchor_rng.bit_generator.state = st["anchor_rng"]
+        trainer.gate_rng.bit_generator.state = st["gate_rng"]
 
 
 def save_checkpoint(run_dir: str | Path, trainer: RIPTTrainer, scheduler: Any, info: DistInfo) -> Path:
@@ -61,8 +65,8 @@ def save_checkpoint(run_dir: str | Path, trainer: RIPTTrainer, scheduler: Any, i
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
                     "iteration": trainer.iteration, "curve": trainer.curve, "world_size": info.world_size,
                     # algo.behavior="frozen": the rollout snapshot (it lags the trained weights until its refresh)
-                    "behavior": (trainer.behavior.model.state_dict() if trainer.behavior is not trainer.policy
-                                 else None)}, tmp / "train_state.pt")
+                    "behavior": (trainer.frozen_behavior.model.state_dict()
+                                 if trainer.frozen_behavior is not None else None)}, tmp / "train_state.pt")
     barrier(info)
     hist = trainer.rollouts.history
     torch.save({"rng": rng_state(trainer), "history": hist.to_json() if hist is not None else None},
@@ -98,8 +102,8 @@ def load_train_state(ckpt: Path, trainer: RIPTTrainer, scheduler: Any, info: Dis
     if scheduler is not None and st["scheduler"] is not None:
         scheduler.load_state_dict(st["scheduler"])
     trainer.iteration, trainer.curve = int(st["iteration"]), list(st["curve"])
-    if st.get("behavior") is not None and trainer.behavior is not trainer.policy:
-        trainer.behavior.model.load_state_dict(st["behavior"])
+    if st.get("behavior") is not None and trainer.frozen_behavior is not None:
+        trainer.frozen_behavior.model.load_state_dict(st["behavior"])
     mine = torch.load(ckpt / f"rank{info.rank}.pt", weights_only=False)
     set_rng_state(trainer, mine["rng"])
     if mine["history"] is not None and trainer.rollouts.history is not None:

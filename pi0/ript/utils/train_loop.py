@@ -159,6 +159,7 @@ def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: R
     trainer = RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history,
                           anchor_windows=anchor_windows(cfg, policy, warm_windows))
     trainer.optimizer = DistributedRLOptimizer(trainer.adapter, algo.opt, seed=seed, info=info)
+    trainer.stats_sum = DistributedStatsSynchronizer(info).sum  # the refresh test decides on all ranks' rollouts
     trainer.rollouts.__class__ = CountedRolloutGenerator
     return trainer
 
@@ -181,7 +182,8 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
            "steps": st["train/steps"], "skipped_steps": st["train/skipped_steps"]}
     if s["eval_n"]:
         out["eval_success_rate"] = s["eval_succ"] / s["eval_n"]
-    for key in ("train/loss_cond", "train/loss_uncond"):
+    for key in ("train/loss_cond", "train/loss_uncond", "behavior/candidate_success", "behavior/snapshot_success",
+                "behavior/refreshed"):  # the refresh test's scalars are reduced over ranks already
         if key in st:
             out[key.split("/")[1]] = st[key]
     return out
