@@ -1,10 +1,13 @@
 r"""Bench: does RIPT-CFG measurably improve a weak pi0 on held-out arena init states?
 
 A tiny pi0 (same architecture, small sizes, ``init="scratch"``) is warm-started by SFT on scripted-expert demos,
-stopped once validation success reaches ``--warm_success`` (cached), then fine-tuned by RIPT-CFG (K rollouts per
-init state, RLOO, CFG-style flow update, each update anchored with the warm start's own demos as positives:
-``--anchor_ratio``) for a wall-clock budget. The rollouts come from a frozen snapshot of the warm start (refreshed every
-``--behavior_refresh`` iterations if > 0; ``--behavior current``: on-policy). Findings: bench/results/rl_diagnosis.md.
+stopped once validation success reaches ``--warm_success`` (cached), then fine-tuned by RIPT-CFG for a wall-clock
+budget: K rollouts per init state from a frozen behaviour snapshot, RLOO, the CFG-style flow update on the windows of
+the successful rollouts (executed-action targets), each update joined by ``--anchor_ratio`` of the warm start's own
+demo windows per rollout window (no new demos). Every ``--behavior_refresh`` iterations the trained policy and the
+snapshot roll out on ``--refresh_gate`` training states with the same flow noise, and the snapshot takes the trained
+weights only if they win (gated policy iteration). ``--anchor_ratio 0`` is RL alone (add ``--replay_windows``);
+``--no-train_on_rollouts`` the anchor-only control. Findings: bench/results/rl_diagnosis.md.
 In the same run: the RL model at w=1, continued SFT on the same demos for the same wall-clock, and success
 against w in {0, 1, 1.5, 2, 3}. Writes <out>/rl_improvement.json and .png; the last line is
 ``before=<r> after=<r> w1=<r> sft=<r> minutes=<m>``.
@@ -54,18 +57,22 @@ class Config:
     group_size: int = 8
     cfg_guidance: float = 1.5
     p_uncond: float = 0.3
-    target: str = "model_actions"
+    # "executed": the actions the env ran (the chunk's unexecuted tail is masked out: it never affected the reward);
+    # (session 6 measured RL-only second-half success 0.49 vs 0.38 with "model_actions"; its logs were not kept)
+    target: str = "executed"
+    advantage_weighting: bool = False  # positive windows weighted by A / mean(A+) (RLConfig)
     negative_weight: float = 0.0  # loss weight of A <= 0 windows (1 = plain CFGRL; own failures degrade the policy)
-    # warm-start demo windows (as positives) per RL window in each update; 0 = none. 2 (runs s, u: 0.79 mean held-out
-    # success over the second half) beat 1 (runs o, n: 0.74, 0.69)
-    anchor_ratio: float = 2.0
+    # warm-start demo windows (as positives) per trained rollout window in each update (DAPG-style demo term);
+    # 0 = RL alone. Findings: bench/results/rl_diagnosis.md, session 6
+    anchor_ratio: float = 6.0
     train_on_rollouts: bool = True  # False: the anchor-only control (rollouts collected, left out of the update)
-    # who collects: "frozen" (a snapshot of the policy, see RLConfig.behavior; never refreshed it held two seeds at
-    # 0.40-0.83, refreshed every 20 iterations seed 1 peaked at 0.90 and fell to 0.27) | "current" (on-policy: peaked
-    # at 0.74, fell to 0.26; bench/results/rl_diagnosis.md)
+    # who collects: "frozen" (a no-grad snapshot of the policy, see RLConfig.behavior) | "current" (on-policy, as
+    # RIPT: training on its own samples compounds the fitting error and degrades this tiny policy)
     behavior: str = "frozen"
-    behavior_refresh: int = 0  # iterations between two snapshots (behavior="frozen"; 0 = never)
-    refresh_gate: int = 0  # > 0: a refresh happens only if the trained policy wins a paired test on this many states
+    behavior_refresh: int = 10  # iterations between two refresh tests of the snapshot (0 = never refreshed)
+    refresh_gate: int = 64  # > 0: a refresh happens only if the trained policy wins a paired test on this many states
+    replay_windows: int = 0  # > 0: updates sample their rollout windows from a FIFO of this many (RLConfig)
+    replay_sample: int = 0  # rollout windows per update from the replay (0 = as many as the iteration brought)
     lr: float = 3e-4
     epochs: int = 1
     minibatch_size: int = 32
@@ -144,9 +151,11 @@ def main(argv: list[str] | None = None) -> dict:
                                  "--sft_only"]) if cfg.sft_baseline else None
 
     rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
-                  cfg_guidance=cfg.cfg_guidance, target=cfg.target, negative_weight=cfg.negative_weight,
+                  cfg_guidance=cfg.cfg_guidance, target=cfg.target, advantage_weighting=cfg.advantage_weighting,
+                  negative_weight=cfg.negative_weight,
                   anchor_ratio=cfg.anchor_ratio, behavior=cfg.behavior, behavior_refresh=cfg.behavior_refresh,
-                  refresh_gate=cfg.refresh_gate, train_on_rollouts=cfg.train_on_rollouts,
+                  refresh_gate=cfg.refresh_gate, replay_windows=cfg.replay_windows,
+                  replay_sample=cfg.replay_sample, train_on_rollouts=cfg.train_on_rollouts,
                   eval_every=cfg.eval_every, seed=cfg.seed,
                   opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size))
     sampler = InitStateSampler({t: range(cfg.train_states) for t in cfg.task_ids}, seed=cfg.seed)
@@ -162,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
         if "behavior/refreshed" in st:
             line += (f" GATE trained {st['behavior/candidate_success']:.2f} vs snapshot "
                      f"{st['behavior/snapshot_success']:.2f}: {'refreshed' if st['behavior/refreshed'] else 'kept'}")
+        line += f" win {int(st['train/windows'])}"
         if "eval/success_rate" in st:
             curve.append({"iteration": st["iteration"], "minutes": m, "eval": st["eval/success_rate"]})
             line += f" EVAL {st['eval/success_rate']:.3f}"

@@ -416,3 +416,38 @@ def test_refresh_gate_copies_the_trained_weights_only_when_they_win(arena_policy
             assert torch.equal(snap.model.state_dict()[k], v), k
     finally:
         runner.close()
+
+
+def test_window_replay_is_a_fifo_sampled_without_replacement():
+    from pi0.ript.replay import WindowReplay
+
+    buf = WindowReplay(capacity=3, seed=0)
+    buf.add([{"id": 0}, {"id": 1}])
+    buf.add([{"id": 2}, {"id": 3}])  # id 0 falls out
+    assert [w["id"] for w in buf.items] == [1, 2, 3] and len(buf) == 3
+    assert sorted(w["id"] for w in buf.sample(3)) == [1, 2, 3]  # all of them, each once
+    assert len(buf.sample(2)) == 2 and buf.sample(0) == []
+    twin = WindowReplay(capacity=3, seed=5)
+    twin.load_state_dict(buf.state_dict())
+    assert [w["id"] for w in twin.sample(3)] == [w["id"] for w in buf.sample(3)]  # same RNG position
+    with pytest.raises(ValueError, match="capacity"):
+        WindowReplay(0)
+
+
+def test_replay_feeds_updates_from_past_iterations_and_weightless_windows_are_dropped(arena_policy):
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        # negative_weight 0: windows with A <= 0 add nothing to the loss, so they are not trained on at all
+        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, negative_weight=0.0,
+                       opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
+        st = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg).step()
+        assert st["rollout/success_rate"] == 0.0 and st["train/windows"] == 0  # a random policy: all A = 0
+        cfg = dataclasses.replace(cfg, negative_weight=1.0, replay_windows=10, replay_sample=8)
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
+        st = tr.step()  # 6 fresh windows (2 episodes x 3 decisions): the buffer holds 6, the update trains on 6
+        assert len(tr.replay) == 6 and st["train/windows"] == 6
+        st = tr.step()  # 6 more: the buffer keeps the newest 10, the update draws 8 of them
+        assert len(tr.replay) == 10 and st["train/windows"] == 8
+        assert {w["step"] for w in tr.replay.items} == {0, 2, 4}
+    finally:
+        runner.close()

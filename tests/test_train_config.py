@@ -105,7 +105,8 @@ def _params(policy_dir):
     ["algo.behavior=frozen"],  # the lagging rollout snapshot is restored too
     # the anchor's and the refresh test's RNGs are restored too
     ["algo.behavior=frozen", "algo.behavior_refresh=1", "algo.refresh_gate=2", "algo.anchor_ratio=1"],
-], ids=["current", "frozen", "gated_anchored"])
+    ["algo.replay_windows=50", "algo.replay_sample=8"],  # the replay buffer (windows + its RNG) is restored too
+], ids=["current", "frozen", "gated_anchored", "replay"])
 def test_resume_reproduces_uninterrupted_run(tmp_path, algo):
     from pi0.ript.utils.train_loop import train
     common = TINY + [f"logging.out_dir={tmp_path}", "algo.eval_every=0", "logging.plot=false", *algo]

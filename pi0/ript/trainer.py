@@ -3,7 +3,8 @@
 One iteration: ``RolloutGenerator.collect`` (K rollouts per sampled init state, guided by the policy's w; by a frozen
 snapshot of the policy with ``behavior="frozen"``, re-taken on a schedule, or only when the trained policy wins a
 paired test with ``refresh_gate``),
-RLOO advantages and labels, windows from each kept episode's decision points, ``RLOptimizerPI0_CFG.step``,
+RLOO advantages and labels, windows from each kept episode's decision points (drawn from a replay of past windows
+with ``replay_windows``; plus the warm start's demo windows with ``anchor_ratio``), ``RLOptimizerPI0_CFG.step``,
 and (every ``eval_every`` iterations) the success rate on held-out init states. Scalars go to TensorBoard.
 """
 
@@ -27,6 +28,7 @@ from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Wind
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
 from pi0.ript.algos.rl_optimizers.rollout_generator import Collection, RolloutGenerator
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
+from pi0.ript.replay import WindowReplay
 
 
 @dataclass
@@ -40,10 +42,11 @@ class RLConfig:
     cfg_guidance: float = 1.0  # w used to collect and evaluate
     target: str = "model_actions"  # "model_actions" | "executed"
     advantage_weighting: bool = False
-    negative_weight: float = 1.0  # loss weight of windows with A <= 0 (1 = CFGRL: they train the reference)
-    # demo anchor: each update also trains on round(anchor_ratio x #rollout windows) windows of the warm start's
-    # expert demos (never new demos), labelled positive (an expert demo is a success): both branches stay near the
-    # SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
+    # loss weight of windows with A <= 0 (1 = CFGRL: they train the reference); at 0 they are left out of the update
+    negative_weight: float = 1.0
+    # demo anchor (a DAPG-style demonstration term): each update also trains on round(anchor_ratio x #rollout windows
+    # it trains on) windows of the warm start's expert demos (never new demos), labelled positive (an expert demo is
+    # a success): both branches stay near the SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
     # branch collapses when only the unconditioned one is anchored (bench/results/rl_diagnosis.md). 0 = off
     anchor_ratio: float = 0.0
     # False: an ablation that leaves the rollout windows out of the update; the anchor keeps its size (anchor_ratio x
@@ -63,6 +66,12 @@ class RLConfig:
     # if they succeed more often (summed over ranks). The behaviour policy then never gets worse, and the learner
     # fits its own fit only once per accepted refresh. 0 = refresh unconditionally.
     refresh_gate: int = 0
+    # > 0: each update samples its rollout windows from a FIFO of the last ``replay_windows`` (this iteration's
+    # included; pi0.ript.replay), ``replay_sample`` of them (0 = as many as this iteration brought), so that its
+    # minibatches span many init states instead of this iteration's B (at most the buffer's size, without
+    # replacement). 0 = off: each update sees its own iteration's windows.
+    replay_windows: int = 0
+    replay_sample: int = 0
     dynamic_sampling: bool = True
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
     eval_every: int = 1  # 0 = never
@@ -120,6 +129,7 @@ class RIPTTrainer:
             self.behavior.model.requires_grad_(False)
         self.rollouts = RolloutGenerator(runner, Pi0ChunkPolicy(self.behavior, self.generator), sampler,
                                          cfg.group_size, cfg.dynamic_sampling, history, cfg.max_collect_attempts)
+        self.replay = WindowReplay(cfg.replay_windows, cfg.seed + 13) if cfg.replay_windows > 0 else None
         self.eval_states = list(eval_states)
         self.writer = writer
         self.iteration = 0
@@ -170,6 +180,12 @@ class RIPTTrainer:
         self.policy.eval()
         col = self.rollouts.collect(cfg.num_groups)
         windows = collection_windows(self.adapter, col)
+        if cfg.negative_weight == 0.0:  # weight-0 windows add nothing to the loss: spare their forward passes
+            windows = [w for w in windows if w["label"] > 0]
+        n_fresh = len(windows)
+        if self.replay is not None:
+            self.replay.add(windows)
+            windows = self.replay.sample(min(cfg.replay_sample or n_fresh, len(self.replay)))
         n_anchor = round(cfg.anchor_ratio * len(windows)) if self.anchor_windows else 0
         if n_anchor:
             pool = len(self.anchor_windows)
@@ -192,7 +208,8 @@ class RIPTTrainer:
               "adv/mean": float(adv.mean()), "adv/std": float(adv.std()), "adv/max": float(adv.max()),
               "adv/min": float(adv.min()), "train/windows": float(len(windows)),
               "train/frac_positive": float(np.mean([w["label"] for w in windows])) if windows else 0.0,
-              "train/anchor_windows": float(n_anchor)}
+              "train/anchor_windows": float(n_anchor),
+              "train/replay_windows": float(len(self.replay) if self.replay is not None else 0)}
         st.update({f"train/{k}": v for k, v in upd.items() if k != "update_time"})
         st.update(gate)
         if cfg.eval_every and self.eval_states and self.iteration % cfg.eval_every == 0:

@@ -137,6 +137,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.behavior": (lambda v: v in BEHAVIORS, f"one of {BEHAVIORS}"),
     "algo.behavior_refresh": (lambda v: v >= 0, ">= 0 (0 = the frozen snapshot is never refreshed)"),
     "algo.refresh_gate": (lambda v: v >= 0, ">= 0 (0 = every refresh copies the trained weights)"),
+    "algo.replay_windows": (lambda v: v >= 0, ">= 0 (0 = no replay: each update trains on its own windows)"),
+    "algo.replay_sample": (lambda v: v >= 0, ">= 0 (0 = as many windows as the iteration collected)"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
     "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),

@@ -69,7 +69,10 @@ def save_checkpoint(run_dir: str | Path, trainer: RIPTTrainer, scheduler: Any, i
                                  if trainer.frozen_behavior is not None else None)}, tmp / "train_state.pt")
     barrier(info)
     hist = trainer.rollouts.history
-    torch.save({"rng": rng_state(trainer), "history": hist.to_json() if hist is not None else None},
+    # algo.replay_windows: this rank's buffer of past rollout windows (images included: up to the capacity x ~20 kB
+    # for the tiny arena pi0)
+    torch.save({"rng": rng_state(trainer), "history": hist.to_json() if hist is not None else None,
+                "replay": trainer.replay.state_dict() if trainer.replay is not None else None},
                tmp / f"rank{info.rank}.pt")
     barrier(info)
     if info.is_main:
@@ -106,6 +109,8 @@ def load_train_state(ckpt: Path, trainer: RIPTTrainer, scheduler: Any, info: Dis
         trainer.frozen_behavior.model.load_state_dict(st["behavior"])
     mine = torch.load(ckpt / f"rank{info.rank}.pt", weights_only=False)
     set_rng_state(trainer, mine["rng"])
+    if mine.get("replay") is not None and trainer.replay is not None:
+        trainer.replay.load_state_dict(mine["replay"])
     if mine["history"] is not None and trainer.rollouts.history is not None:
         h = trainer.rollouts.history
         entries = mine["history"]["states"]
