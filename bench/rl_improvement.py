@@ -81,6 +81,9 @@ class Config:
     vision_width: int = 32
     depth: int = 2
     demo_noise: float = 0.0  # > 0: demos execute a noisy expert, labelled with clean expert chunks (DART)
+    # > 0: mixed-quality demos from an expert that misjudges the blocks' y by a per-episode offset in [-e, e] metres
+    # (ArenaExpert.aim_offset), labelled with its own actions, failures included
+    demo_aim_error: float = 0.0
     sft_lr: float = 1e-3  # warm start and continued-SFT baseline
     threads: int = 1  # torch threads (1 is fastest on a loaded 2-core machine: no spin-waiting)
     seed: int = 0
@@ -99,7 +102,7 @@ def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt:
                  held_out: list) -> None:
     """Continued SFT of the cached warm start on the same demos for ``minutes``, then held-out success."""
     policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise,
-                                           stop=warm_stop(cfg))
+                                           stop=warm_stop(cfg), aim_error=cfg.demo_aim_error)
     t0 = time.perf_counter()
     opt = sft(policy, windows, sft_opt, seconds=cfg.minutes * 60, seed=cfg.seed + 1)
     minutes = (time.perf_counter() - t0) / 60
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     demo_states = [(t, i) for t in cfg.task_ids for i in range(cfg.num_demos)]
     t0 = time.perf_counter()
     policy, windows, ckpt = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise,
-                                           stop=warm_stop(cfg))
+                                           stop=warm_stop(cfg), aim_error=cfg.demo_aim_error)
     warm = json.loads((ckpt / "warm_start.json").read_text()) if (ckpt / "warm_start.json").is_file() else {}
     steps = warm["curve"][-1]["steps"] if warm.get("curve") else cfg.sft_steps
     print(f"warm start: {len(windows)} demo windows from {len(demo_states)} demos, {steps} SFT steps "

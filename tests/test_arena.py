@@ -300,3 +300,41 @@ def test_pi0_libero_transforms_apply_unchanged():
     np.testing.assert_allclose(state[:3], obs["robot0_eef_pos"])
     np.testing.assert_allclose(np.abs(state[3:6]), [np.pi, 0.0, 0.0], atol=1e-9)  # gripper pointing down
     np.testing.assert_allclose(state[6:], obs["robot0_gripper_qpos"])
+
+
+def test_aim_error_expert_acts_on_blocks_shifted_by_one_offset_per_episode():
+    env = ArenaEnv(task_id=4, render_on_demand=True)
+    env.reset(options={"init_state_id": 7})
+    s = env.get_state()
+    biased = ArenaExpert(aim_error=0.05, seed=3)
+    dy = biased.aim_offset(s)
+    assert 0.0 < abs(dy) <= 0.05
+    assert ArenaExpert(aim_error=0.05, seed=3).aim_offset(s) == dy  # a pure function of (seed, task, init state)
+    assert ArenaExpert(aim_error=0.05, seed=4).aim_offset(s) != dy
+    shifted = s.copy()
+    for b in shifted.blocks:
+        b[1] += dy
+    # the biased expert does exactly what the exact expert does where the blocks are where it believes them to be
+    np.testing.assert_array_equal(biased.act(s), ArenaExpert().act(shifted))
+    env.step(biased.act(s))
+    assert biased.aim_offset(env.get_state()) == dy  # constant over the episode
+    with pytest.raises(ValueError, match="aim_error"):
+        ArenaExpert(aim_error=-0.01)
+
+
+def test_aim_error_demos_are_mixed_quality_and_labelled_with_the_demonstrators_own_chunks():
+    from pi0.rollout.policies import collect_expert_demos
+    from pi0.rollout import RolloutRunner, RunnerConfig
+    from pi0.envs import make_env_spec
+
+    states = [(4, i) for i in range(24)]
+    with RolloutRunner(make_env_spec("arena", resolution=32), None,
+                       RunnerConfig(num_envs=8, replan_steps=5, use_subprocess=False)) as runner:
+        exact = collect_expert_demos(runner, states, 10)
+        mixed = collect_expert_demos(runner, states, 10, aim_error=0.06, seed=0)
+    assert all(e.success for e, _ in exact)
+    ok = [e.success for e, _ in mixed]
+    assert 0 < sum(ok) < len(ok)  # some demos miss the block: a lateral error beyond ~2 cm never pushes it
+    for e, chunks in mixed:
+        for d, chunk in zip(e.decisions, chunks):
+            np.testing.assert_allclose(d.actions[d.valid], chunk[: d.valid.sum()])  # labels = what was executed

@@ -52,6 +52,8 @@ def test_required_presets_are_bundled():
     (["algo.anchor_ratio=1", "task.env=libero"], ["algo.anchor_ratio", "arena warm start"]),
     (["task.warm_start_target=0.3"], ["task.warm_start_target", "overlap", "task.eval_start"]),
     (["task.warm_start_target=2"], ["task.warm_start_target", "[0, 1]"]),
+    (["task.warm_start_aim_error=-0.01"], ["task.warm_start_aim_error", "metres"]),
+    (["task.warm_start_aim_error=0.05", "task.env=libero"], ["task.warm_start_aim_error", "set it to 0"]),
 ])
 def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:

@@ -106,8 +106,10 @@ class RIPTTrainer:
         self.policy, self.runner, self.cfg = policy, runner, cfg
         if cfg.anchor_ratio > 0 and not anchor_windows:
             raise ValueError("anchor_ratio > 0 needs anchor_windows (the warm start's demo windows)")
-        # demo windows (PI0_CFG_Adapter.demo_windows) for the anchor, as positives (A = 1: a success in any group)
-        self.anchor_windows = [dict(w, label=1.0, advantage=1.0) for w in anchor_windows]
+        # demo windows (PI0_CFG_Adapter.demo_windows) for the anchor, labelled by their demo's outcome: a successful
+        # demo is a positive (A = 1: a success in any group), a failed one (mixed-quality demos) trains the reference
+        self.anchor_windows = [dict(w, label=float(w.get("success", 1.0)), advantage=float(w.get("success", 1.0)))
+                               for w in anchor_windows]
         self.anchor_rng = np.random.default_rng(cfg.seed + 7)
         if not policy.config.model.optimality_condition:
             enable_optimality_condition(policy)

@@ -74,10 +74,10 @@ def init_states_for(states: Sequence[tuple[int, int]]) -> int:
 
 
 def arena_expert_demos(demo_states: Sequence[tuple[int, int]], horizon: int, replan_steps: int, resolution: int = 64,
-                       noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
+                       noise: float = 0.0, seed: int = 0, aim_error: float = 0.0) -> list[tuple[Episode, np.ndarray]]:
     """:func:`collect_expert_demos` on ``demo_states`` through an in-process arena runner sized to them."""
     with arena_runner(8, replan_steps, resolution, num_init_states=init_states_for(demo_states)) as runner:
-        return collect_expert_demos(runner, demo_states, horizon, noise, seed)
+        return collect_expert_demos(runner, demo_states, horizon, noise, seed, aim_error)
 
 
 def demo_windows(policy: PI0Policy, demos: Sequence[tuple[Episode, np.ndarray]]) -> list[Window]:
@@ -141,11 +141,14 @@ class WarmStop:
 
 
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
-                   opt_cfg: OptimizerConfig, demo_noise: float = 0.0, stop: WarmStop | None = None) -> str:
+                   opt_cfg: OptimizerConfig, demo_noise: float = 0.0, stop: WarmStop | None = None,
+                   aim_error: float = 0.0) -> str:
     """Cache key of a warm-started checkpoint."""
-    extra = [demo_noise] if demo_noise else []  # keeps the keys of noise-free warm starts unchanged
+    extra: list = [demo_noise] if demo_noise else []  # keeps the keys of noise-free warm starts unchanged
     if stop is not None:
         extra.append(asdict(stop))
+    if aim_error:
+        extra.append({"aim_error": aim_error})
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg), *extra],
                       sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
@@ -153,16 +156,18 @@ def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]],
 
 def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
                       opt_cfg: OptimizerConfig, cache_dir: Path | None = None, resolution: int = 64,
-                      demo_noise: float = 0.0, stop: WarmStop | None = None) -> tuple[PI0Policy, list[Window], Path]:
+                      demo_noise: float = 0.0, stop: WarmStop | None = None, aim_error: float = 0.0
+                      ) -> tuple[PI0Policy, list[Window], Path]:
     """SFT'd tiny policy + its demo windows, computed once and cached under ``<cache>/ript_warm_start/<key>``.
 
     ``sft_steps`` SFT steps, or fewer with ``stop`` (see :class:`WarmStop`); ``<key>/warm_start.json`` records
-    the steps taken and the validation curve.
+    the steps taken and the validation curve. ``aim_error`` > 0: mixed-quality demos (``collect_expert_demos``).
     """
     root = (cache_dir or default_cache_dir()) / "ript_warm_start" / warm_start_key(cfg, demo_states, sft_steps,
-                                                                                  opt_cfg, demo_noise, stop)
+                                                                                  opt_cfg, demo_noise, stop, aim_error)
     torch.manual_seed(cfg.seed)
-    demos = arena_expert_demos(demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, demo_noise, cfg.seed)
+    demos = arena_expert_demos(demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, demo_noise, cfg.seed,
+                               aim_error)
     if (root / "model.safetensors").is_file():
         policy = PI0Policy.from_pretrained(root)
     else:

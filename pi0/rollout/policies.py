@@ -60,12 +60,13 @@ class ArenaExpertPolicy:
     """
 
     def __init__(self, horizon: int = 10, noise: float = 0.0, seed: int | None = None,
-                 gripper_flip_prob: float = 0.0) -> None:
-        """Create the policy; ``noise`` is the expert's action-noise std (action units)."""
+                 gripper_flip_prob: float = 0.0, aim_error: float = 0.0) -> None:
+        """Create the policy; ``noise`` is the expert's action-noise std (action units), ``aim_error`` its
+        per-episode lateral misperception bound in metres (``ArenaExpert.aim_offset``)."""
         from pi0.envs.arena import ArenaExpert
 
         self.horizon = int(horizon)
-        self.expert = ArenaExpert(noise=noise, seed=seed, gripper_flip_prob=gripper_flip_prob)
+        self.expert = ArenaExpert(noise=noise, seed=seed, gripper_flip_prob=gripper_flip_prob, aim_error=aim_error)
         self.num_calls = 0
         self.batch_sizes: list[int] = []
 
@@ -82,19 +83,24 @@ class ArenaExpertPolicy:
 
 
 def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int,
-                         noise: float = 0.0, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
+                         noise: float = 0.0, seed: int = 0, aim_error: float = 0.0
+                         ) -> list[tuple[Episode, np.ndarray]]:
     """Arena expert episodes on ``states`` + the noise-free expert chunks (D, H, 7) at every decision point.
 
     The demonstrations of pi0's warm start (``pi0.ript.warm_start``) and of pi0-FAST's arena SFT.
 
     ``noise > 0`` executes a noisy expert (action-noise std) but keeps the clean chunks as labels, so the demos
     visit off-path states with corrective labels (DART-style noise injection); 0 = the plain noise-free expert.
+    ``aim_error > 0`` demonstrates with a suboptimal expert that misjudges the blocks' positions by a per-episode
+    offset (``ArenaExpert.aim_offset``, drawn from ``seed``); its own chunks are the labels, failures included (mixed-
+    quality demonstrations: each episode's ``success`` says which).
     """
     from pi0.envs.arena import ArenaExpert, ArenaState
 
     episodes = runner.run(list(states), group_size=1,
-                          policy=ArenaExpertPolicy(horizon=horizon, noise=noise, seed=seed if noise > 0 else None))
-    expert = ArenaExpert()
+                          policy=ArenaExpertPolicy(horizon=horizon, noise=noise, aim_error=aim_error,
+                                                   seed=seed if noise > 0 or aim_error > 0 else None))
+    expert = ArenaExpert(aim_error=aim_error, seed=seed)
     return [(e, np.stack([expert.predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), horizon)
                           for d in e.decisions])) for e in episodes]
 

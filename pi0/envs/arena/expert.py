@@ -39,14 +39,31 @@ class ArenaExpert:
     rolls the controller forward through the (deterministic) arena dynamics, so executing the
     chunk open loop reproduces closed-loop behaviour exactly. Noise (std ``noise`` in action
     units) is added to the position dims and, with probability ``gripper_flip_prob``, the gripper
-    command is flipped.
+    command is flipped. ``aim_error`` > 0 makes a suboptimal demonstrator: it sees every block shifted
+    sideways by a per-episode offset (:meth:`aim_offset`) and acts on that belief, so it misses now and then.
     """
 
-    def __init__(self, noise: float = 0.0, seed: int | None = None, gripper_flip_prob: float = 0.0) -> None:
-        """Create an expert; ``seed`` seeds the noise generator."""
+    def __init__(self, noise: float = 0.0, seed: int | None = None, gripper_flip_prob: float = 0.0,
+                 aim_error: float = 0.0) -> None:
+        """Create an expert; ``seed`` seeds the noise generator and the per-episode aim errors."""
         self.noise = float(noise)
         self.gripper_flip_prob = float(gripper_flip_prob)
+        if aim_error < 0:
+            raise ValueError(f"aim_error must be >= 0 (metres), got {aim_error}")
+        self.aim_error = float(aim_error)
+        self.seed = 0 if seed is None else int(seed)
         self.rng = np.random.default_rng(seed)
+
+    def aim_offset(self, s: ArenaState) -> float:
+        """This expert's lateral misperception (m) of every block's y in the episode of ``s``.
+
+        Uniform in [-aim_error, aim_error], a pure function of (seed, task, init state): constant over the episode
+        (a demonstrator who misjudges where the blocks are, consistently), so no memory is needed. 0 = exact.
+        """
+        if self.aim_error == 0.0:
+            return 0.0
+        rng = np.random.default_rng((self.seed, 7919, s.layout.task_id, s.layout.init_state_id))
+        return float(rng.uniform(-self.aim_error, self.aim_error))
 
     # ------------------------------------------------------------- primitives
     @staticmethod
@@ -141,10 +158,16 @@ class ArenaExpert:
 
     # --------------------------------------------------------------- control
     def clean_action(self, s: ArenaState) -> np.ndarray:
-        """Noise-free expert action ``(7,)`` for state ``s``."""
+        """Noise-free expert action ``(7,)`` for state ``s`` (as the expert perceives it: see :meth:`aim_offset`)."""
         task = TASKS[s.layout.task_id]
         fx, fy = s.layout.fixture
-        if check_success(s):
+        solved = check_success(s)  # on the true state
+        dy = self.aim_offset(s)
+        if dy:
+            s = s.copy()
+            for b in s.blocks:
+                b[1] += dy
+        if solved:
             a = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, -1.0]
         elif task.kind == "push_to_target":
             a = self._push(s, task.blocks[0], (fx, fy))

@@ -50,6 +50,10 @@ class TaskConfig:
     # is weak at a chosen level whatever step this run's SFT starts to generalise at; 0 = always warm_start_steps
     warm_start_target: float = 0.0
     warm_start_val_states: int = 50
+    # > 0: the warm start's demos come from a suboptimal expert that misjudges the blocks' y by a per-episode offset
+    # in [-e, e] metres (pi0.envs.arena.ArenaExpert.aim_offset), labelled with its own actions, failures included
+    # (mixed-quality demos: SFT can only imitate their mix; 0.05 m: 46% of the demos succeed)
+    warm_start_aim_error: float = 0.0
 
 
 @dataclass
@@ -153,6 +157,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_steps": (lambda v: v >= 0, ">= 0"),
     "task.warm_start_target": (lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0 = no early stop)"),
     "task.warm_start_val_states": (lambda v: v >= 1, ">= 1"),
+    "task.warm_start_aim_error": (lambda v: 0.0 <= v <= 0.2, "in [0, 0.2] metres (0 = the exact expert)"),
     "env.runner.num_envs": (lambda v: v >= 1, ">= 1"),
     "env.runner.replan_steps": (lambda v: v >= 1, ">= 1"),
     "env.runner.schedule": (lambda v: v in ("greedy", "grouped"), "'greedy' or 'grouped'"),
@@ -222,6 +227,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.algo.anchor_ratio > 0 and (cfg.task.env != "arena" or cfg.task.checkpoint):
         raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} needs the warm start's expert demos, which only "
                         "the arena warm start has (task.env=arena, no task.checkpoint); set algo.anchor_ratio=0")
+    if cfg.task.warm_start_aim_error > 0 and (cfg.task.env != "arena" or cfg.task.checkpoint):
+        raise UserError(f"task.warm_start_aim_error={cfg.task.warm_start_aim_error} shapes the arena warm start's "
+                        "demos, and this run has none (task.env=libero or a task.checkpoint); set it to 0")
     if cfg.task.checkpoint:
         require_path(cfg.task.checkpoint, "task.checkpoint",
                      "give a directory written by PI0Policy.save_pretrained or convert_pi0_to_hf_lerobot.py", True)

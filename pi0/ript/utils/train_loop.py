@@ -68,7 +68,8 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> tuple[PI0Policy, list | 
         if info.is_main == turn:
             policy, windows, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps,
                                                    OptimizerConfig(lr=1e-3), cache_dir=cache,
-                                                   resolution=cfg.env.resolution, stop=stop)
+                                                   resolution=cfg.env.resolution, stop=stop,
+                                                   aim_error=t.warm_start_aim_error)
         barrier(info)
     return policy.to(info.device), windows
 
@@ -80,12 +81,12 @@ def anchor_windows(cfg: TrainConfig, policy: PI0Policy, warm_windows: list | Non
         return []
     if warm_windows is not None:
         return warm_windows
-    from pi0.ript.warm_start import arena_expert_demos, demo_windows
+    from pi0.ript.warm_start import TinyArenaConfig, arena_expert_demos, demo_windows
 
     t = cfg.task
     states = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
     demos = arena_expert_demos(states, policy.config.model.action_horizon, policy.config.n_action_steps,
-                               cfg.env.resolution)
+                               cfg.env.resolution, seed=TinyArenaConfig().seed, aim_error=t.warm_start_aim_error)
     return demo_windows(policy, demos)
 
 

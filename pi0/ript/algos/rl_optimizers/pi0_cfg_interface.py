@@ -114,7 +114,8 @@ class PI0_CFG_Adapter:
         return out
 
     def demo_windows(self, episode: Episode, chunks: Sequence[np.ndarray]) -> list[Window]:
-        """Expert episode + its full expert chunks (D, H, a) (one per decision) -> windows (label 0: SFT)."""
+        """Expert episode + its full expert chunks (D, H, a) (one per decision) -> windows (label 0: SFT; ``success``:
+        the demo's outcome, for a demo anchor)."""
         from pi0.libero_policy import construct_pi0_observation
 
         size = self.policy.config.model.vision.image_size
@@ -126,7 +127,8 @@ class PI0_CFG_Adapter:
             tgt, mask = self._target(np.asarray(chunk), np.ones(len(chunk), bool), state)
             out.append(dict(image=arrays["image"][0], wrist_image=arrays["wrist_image"][0], state=state,
                             tokens=inp["lang_tokens"][0].cpu().numpy(), token_mask=inp["lang_masks"][0].cpu().numpy(),
-                            actions=tgt, action_mask=mask, label=0.0, advantage=0.0, step=d.step, demo=1.0))
+                            actions=tgt, action_mask=mask, label=0.0, advantage=0.0, step=d.step, demo=1.0,
+                            success=float(episode.success)))
         return out
 
     # ------------------------------------------------------------------ batches and loss
