@@ -332,6 +332,10 @@ def test_anchor_windows_join_each_update(arena_policy):
         assert st["train/anchor_windows"] == 3 and st["train/windows"] == 9  # 6 RL windows + round(0.5 x 6)
         assert all(w["label"] == 1.0 for w in tr.anchor_windows)  # expert demos join as successes
         assert st["train/frac_positive"] >= 3 / 9
+        # mixed-quality demos (aim_error): a failed demo joins as a negative (it trains the reference branch only)
+        mixed = [dict(w, success=float(i % 2)) for i, w in enumerate(anchors)]
+        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg, anchor_windows=mixed)
+        assert [(w["label"], w["advantage"]) for w in tr.anchor_windows] == [(float(i % 2),) * 2 for i in range(len(mixed))]
         # the anchor-only ablation: same anchor size, rollout windows left out of the update
         tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}),
                          dataclasses.replace(cfg, train_on_rollouts=False), anchor_windows=anchors)
