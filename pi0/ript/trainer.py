@@ -45,8 +45,9 @@ class RLConfig:
     # loss weight of windows with A <= 0 (1 = CFGRL: they train the reference); at 0 they are left out of the update
     negative_weight: float = 1.0
     # demo anchor (a DAPG-style demonstration term): each update also trains on round(anchor_ratio x #rollout windows
-    # it trains on) windows of the warm start's expert demos (never new demos), labelled positive (an expert demo is
-    # a success): both branches stay near the SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
+    # it trains on) windows of the warm start's demos (never new demos), labelled by their demo's outcome (a
+    # successful demo is a positive, a failed one of a mixed-quality set trains the reference): both branches stay
+    # near the SFT policy. On the tiny arena pi0, training on its own rollouts alone degrades it, and the conditioned
     # branch collapses when only the unconditioned one is anchored (bench/results/rl_diagnosis.md). 0 = off
     anchor_ratio: float = 0.0
     # False: an ablation that leaves the rollout windows out of the update; the anchor keeps its size (anchor_ratio x
