@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
+from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
@@ -98,11 +99,9 @@ def warm_stop(cfg: Config) -> WarmStop:
     return WarmStop(cfg.warm_success, val, cfg.warm_check_every)
 
 
-def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, demo_states: list, sft_opt: OptimizerConfig,
+def sft_baseline(cfg: Config, tcfg: TinyArenaConfig, policy: PI0Policy, windows: list, sft_opt: OptimizerConfig,
                  held_out: list) -> None:
-    """Continued SFT of the cached warm start on the same demos for ``minutes``, then held-out success."""
-    policy, windows, _ = cached_warm_start(tcfg, demo_states, cfg.sft_steps, sft_opt, demo_noise=cfg.demo_noise,
-                                           stop=warm_stop(cfg), aim_error=cfg.demo_aim_error)
+    """Continued SFT of the warm start ``policy`` on its own demo ``windows`` for ``minutes``, then held-out success."""
     t0 = time.perf_counter()
     opt = sft(policy, windows, sft_opt, seconds=cfg.minutes * 60, seed=cfg.seed + 1)
     minutes = (time.perf_counter() - t0) / 60
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"({time.perf_counter() - t0:.0f}s, cached at {ckpt})", flush=True)
     held_out = [(t, i) for t in cfg.task_ids for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]
     if cfg.sft_only:
-        sft_baseline(cfg, tcfg, demo_states, sft_opt, held_out)
+        sft_baseline(cfg, tcfg, policy, windows, sft_opt, held_out)
         return {}
     runner = arena_runner(num_envs=cfg.num_groups * cfg.group_size, replan_steps=tcfg.n_action_steps,
                           num_init_states=cfg.num_init_states)

@@ -46,6 +46,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def warm_start_demo_states(cfg: TrainConfig) -> list[tuple[int, int]]:
+    """The (task_id, init_state_id) pairs of the arena warm start's demos: the first ``task.warm_start_demos`` states
+    of each task (the same list for the warm start and, on resume, for the demo anchor)."""
+    return [(tid, i) for tid in cfg.task.task_ids for i in range(cfg.task.warm_start_demos)]
+
+
 def initial_policy(cfg: TrainConfig, info: DistInfo) -> tuple[PI0Policy, list | None]:
     """task.checkpoint, or the tiny arena warm start cached under ``<out_dir>/cache`` (rank 0 computes it first),
     + the warm start's expert demo windows (None without a warm start)."""
@@ -57,7 +63,7 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> tuple[PI0Policy, list | 
         return tiny_policy().to(info.device), None
     from pi0.ript.warm_start import TinyArenaConfig, WarmStop, cached_warm_start
 
-    demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
+    demos = warm_start_demo_states(cfg)
     stop = None
     if t.warm_start_target > 0:
         val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
@@ -83,10 +89,9 @@ def anchor_windows(cfg: TrainConfig, policy: PI0Policy, warm_windows: list | Non
         return warm_windows
     from pi0.ript.warm_start import TinyArenaConfig, arena_expert_demos, demo_windows
 
-    t = cfg.task
-    states = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
-    demos = arena_expert_demos(states, policy.config.model.action_horizon, policy.config.n_action_steps,
-                               cfg.env.resolution, seed=TinyArenaConfig().seed, aim_error=t.warm_start_aim_error)
+    demos = arena_expert_demos(warm_start_demo_states(cfg), policy.config.model.action_horizon,
+                               policy.config.n_action_steps, cfg.env.resolution, seed=TinyArenaConfig().seed,
+                               aim_error=cfg.task.warm_start_aim_error)
     return demo_windows(policy, demos)
 
 
