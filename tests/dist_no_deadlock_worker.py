@@ -1,4 +1,8 @@
-"""Worker of test_no_deadlock: rank 1 has no windows (all its groups filtered); both ranks must finish together."""
+"""Worker of test_no_deadlock: rank 1 has no windows (all its groups filtered); both ranks must finish together.
+
+It also checks that ``cleanup_distributed`` really frees the process group after model init imported torch._dynamo
+(a group that survives keeps gloo threads alive into interpreter shutdown, which can abort the process).
+"""
 
 import sys
 
@@ -7,7 +11,7 @@ import torch.distributed as dist
 
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
-from pi0.ript.utils.dist_utils import DistributedRLOptimizer, setup_distributed
+from pi0.ript.utils.dist_utils import DistributedRLOptimizer, cleanup_distributed, setup_distributed
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, collect_expert_demos, demo_norm_stats, tiny_arena_policy
 
 info = setup_distributed("gloo", "cpu", timeout_s=60)
@@ -25,7 +29,11 @@ flat = torch.cat([p.detach().reshape(-1) for p in policy.model.parameters()])
 ref = flat.clone()
 dist.broadcast(ref, 0)
 same = bool(torch.equal(flat, ref))
-print(f"rank {info.rank} steps {int(st['steps'])} windows {len(windows)} params_equal {same}", flush=True)
 dist.barrier()  # neither rank tears gloo down while the other still talks to it
-dist.destroy_process_group()
+group = dist.group.WORLD
+cleanup_distributed()
+released = sys.getrefcount(group) == 2  # this name and getrefcount's argument: nothing else holds the group
+print(f"rank {info.rank} steps {int(st['steps'])} windows {len(windows)} params_equal {same} released {released}",
+      flush=True)
+del group
 sys.exit(0 if same and st["steps"] > 0 else 1)

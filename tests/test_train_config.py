@@ -167,10 +167,12 @@ def test_torchrun_two_gloo_ranks_one_iteration(tmp_path, script):
 def test_no_deadlock_when_one_rank_has_no_groups():
     out = _torchrun(str(Path(__file__).parent / "dist_no_deadlock_worker.py"), timeout=180)
     # torchrun interleaves the ranks' stdout (two reports can share a line): match the reports, not lines
-    steps = sorted(re.findall(r"rank (\d+) steps (\d+) windows (\d+) params_equal (True|False)", out))
+    steps = sorted(re.findall(r"rank (\d+) steps (\d+) windows (\d+) params_equal (True|False) released (True|False)",
+                              out))
     assert [s[0] for s in steps] == ["0", "1"] and steps[1][2] == "0", out  # rank 1 had no data
     n0, n1 = (int(s[1]) for s in steps)
     assert n0 == n1 > 0 and all(s[3] == "True" for s in steps)
+    assert all(s[4] == "True" for s in steps), out  # cleanup_distributed freed the group (its gloo threads)
 
 
 def test_system_check_reports_pass_and_fix(tmp_path):

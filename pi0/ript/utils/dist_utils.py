@@ -56,6 +56,12 @@ def setup_distributed(backend: str = "auto", device: str = "cpu", timeout_s: flo
             backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":  # the scalar all-reduces (DistributedStatsSynchronizer) use CPU tensors: gloo
             backend = "cpu:gloo,cuda:nccl"
+        # torch 2.13: a first import of torch._dynamo *after* the group exists (model init pulls it in through
+        # torch._refs) takes ten references to the group that destroy_process_group never drops. The gloo worker
+        # threads then outlive cleanup_distributed into interpreter shutdown, where one that frees a finished
+        # collective's tensor needs the GIL and aborts the process ("terminate called without an active
+        # exception", seen in CI about once in ten runs). Importing it first keeps destroy_process_group complete.
+        import torch._dynamo  # noqa: F401
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local, device)
 
