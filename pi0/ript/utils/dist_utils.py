@@ -60,7 +60,8 @@ def setup_distributed(backend: str = "auto", device: str = "cpu", timeout_s: flo
         # torch._refs) takes ten references to the group that destroy_process_group never drops. The gloo worker
         # threads then outlive cleanup_distributed into interpreter shutdown, where one that frees a finished
         # collective's tensor needs the GIL and aborts the process ("terminate called without an active
-        # exception", seen in CI about once in ten runs). Importing it first keeps destroy_process_group complete.
+        # exception": it failed CI once, and about one torchrun run in ten under load). Importing it first keeps
+        # destroy_process_group complete.
         import torch._dynamo  # noqa: F401
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local, device)
