@@ -224,10 +224,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if not ok(v):
             raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
     _check_tasks(cfg)
-    if cfg.algo.anchor_ratio > 0 and (cfg.task.env != "arena" or cfg.task.checkpoint):
+    warm_start = cfg.task.env == "arena" and not cfg.task.checkpoint  # the run starts from the arena's SFT warm start
+    if cfg.algo.anchor_ratio > 0 and not warm_start:
         raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} needs the warm start's expert demos, which only "
                         "the arena warm start has (task.env=arena, no task.checkpoint); set algo.anchor_ratio=0")
-    if cfg.task.warm_start_aim_error > 0 and (cfg.task.env != "arena" or cfg.task.checkpoint):
+    if cfg.task.warm_start_aim_error > 0 and not warm_start:
         raise UserError(f"task.warm_start_aim_error={cfg.task.warm_start_aim_error} shapes the arena warm start's "
                         "demos, and this run has none (task.env=libero or a task.checkpoint); set it to 0")
     if cfg.task.checkpoint:
