@@ -1,4 +1,4 @@
-r"""Convert an openpi JAX pi0 checkpoint into a PyTorch ``PI0Policy`` directory (safetensors).
+r"""Convert an openpi JAX pi0 / pi0-FAST checkpoint into a PyTorch policy directory (safetensors).
 
 Adds: exact weight conversion, streamed (leaf groups restored from orbax, each tensor mapped, cast and written
 at once: peak memory about the output size, a full-size pi0 converts on a 16 GB machine). The config is inferred
@@ -6,10 +6,15 @@ from parameter shapes; flags may override it.
 
     pip install -e '.[convert]'      # CPU jax + orbax-checkpoint, only needed here
     python convert_pi0_to_hf_lerobot.py --checkpoint_dir <openpi ckpt>/params --output_path ckpts/pi0_libero \
-        [--tokenizer paligemma_tokenizer.model] [--norm_stats PATH] [--dtype bfloat16]
+        --openpi_config pi0_libero [--tokenizer paligemma_tokenizer.model] [--norm_stats PATH] [--dtype bfloat16]
+    python convert_pi0_to_hf_lerobot.py --checkpoint_dir <pi0_fast_libero ckpt>/params \
+        --output_path ckpts/pi0_fast_libero --openpi_config pi0_fast_libero --tokenizer paligemma_tokenizer.model \
+        --fast_tokenizer <local copy of physical-intelligence/fast>
 
-Writes model.safetensors + config.json + norm_stats.json + tokenizer.model; load it with
-``PI0Policy.from_pretrained(output_path)``. (Single process; no torchrun needed.)
+A pi0-FAST tree is detected from its parameter names. ``--openpi_config NAME`` (pi0_libero, pi0_fast_libero,
+pi0_droid, pi0_fast_droid) sets what the tree cannot say: horizon, token budget, normalization, delta dims.
+Writes model.safetensors + config.json + norm_stats.json + tokenizer.model (+ fast_tokenizer/); load it with
+``pi0.policies.load_policy(output_path)``. (Single process; no torchrun needed.)
 """
 
 from __future__ import annotations
@@ -34,12 +39,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paligemma_variant", default=None, help="override the inferred VLM Gemma (e.g. gemma_2b)")
     p.add_argument("--action_expert_variant", default=None, help="override the inferred expert (e.g. gemma_300m)")
     p.add_argument("--vision_variant", default=None, help="override the inferred SigLIP (e.g. So400m/14)")
-    p.add_argument("--action_horizon", type=int, default=None, help="override (not inferable from shapes)")
-    p.add_argument("--max_token_len", type=int, default=None, help="override (default 48)")
+    p.add_argument("--openpi_config", default=None,
+                   help="openpi TrainConfig the checkpoint was trained with (pi0_libero, pi0_fast_libero, pi0_droid, "
+                        "pi0_fast_droid): sets horizon, token length, normalization and delta dims")
+    p.add_argument("--action_horizon", type=int, default=None,
+                   help="override (not inferable from shapes; pi0-FAST needs it or --openpi_config)")
+    p.add_argument("--max_token_len", type=int, default=None,
+                   help="override (pi0 default 48; pi0-FAST needs it or --openpi_config)")
     p.add_argument("--delta_action_dims", type=int, default=None,
                    help="leading action dims predicted as deltas to the state (6 for openpi's LIBERO asset, "
                         "found automatically; required for any other asset: 0 = absolute, e.g. DROID)")
-    p.add_argument("--fast_tokenizer", default=None, help="pi0-FAST only: FAST tokenizer directory (published layout)")
+    p.add_argument("--fast_tokenizer", default=None,
+                   help="pi0-FAST (required): the FAST tokenizer the checkpoint was trained with, a local copy of "
+                        "physical-intelligence/fast (processor_config.json + tokenizer.json)")
     return p.parse_args(argv)
 
 
@@ -52,10 +64,11 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     out = maybe_convert_pi0fast(  # a pi0-FAST tree is detected from the checkpoint metadata and converted here
         args.checkpoint_dir, args.output_path, args.norm_stats, args.tokenizer, args.fast_tokenizer, args.dtype,
-        args.delta_action_dims, **{k: v for k, v in overrides.items() if k in ("action_horizon", "max_token_len")}
+        args.delta_action_dims, args.openpi_config,
+        **{k: v for k, v in overrides.items() if k in ("action_horizon", "max_token_len")}
     ) or convert_checkpoint(args.checkpoint_dir, args.output_path, norm_stats=args.norm_stats,
                              tokenizer=args.tokenizer, dtype=args.dtype, delta_action_dims=args.delta_action_dims,
-                             **overrides)
+                             openpi_config=args.openpi_config, **overrides)
     print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
 
 

@@ -14,6 +14,7 @@ divided by the measured bandwidth of a large copy, with the fraction of it the f
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Callable
@@ -114,6 +115,7 @@ def main() -> None:
     p.add_argument("--compile_prefix", action="store_true", help="compiled rows also compile SigLIP + prefix pass")
     p.add_argument("--no_recompute", action="store_true", help="skip the slow recompute-prefix baseline")
     p.add_argument("--profile", action="store_true", help="print a per-stage latency table of one call")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -186,6 +188,12 @@ def main() -> None:
           f"gemma prefix {parts['gemma_prefix'] / 1e9:.3f}, expert x{args.num_steps + 1} {parts['expert'] / 1e9:.3f})"
           f" / measured copy bandwidth {bw / 1e9:.1f} GB/s = {floor:.2f} ms floor")
     print(f"achieved: {best} {ms[best]:.1f} ms = {floor / ms[best]:.2%} of the bandwidth roofline")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": args.config, "device": dev, "dtype": cfg.dtype, "batch": b, "cameras": args.cameras,
+                       "num_steps": args.num_steps, "iters": args.iters, "ms": ms, "max_abs_diff": diffs,
+                       "notes": notes, "weight_gb_per_call": parts["total"] / 1e9, "copy_gb_per_s": bw / 1e9,
+                       "roofline_ms": floor, "best": best, "best_over_roofline": ms[best] / floor}, f, indent=2)
 
     if args.profile:
         prof = FastSampler(model, compile=args.compile, backend=args.backend, cuda_graph=False,

@@ -390,8 +390,14 @@ def resolve_delta_action_dims(ns_path: Path, delta_action_dims: int | None) -> i
 
 def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm_stats: str | Path | None = None,
                        tokenizer: str | Path | None = None, dtype: str = "float32",
-                       delta_action_dims: int | None = None, **config_overrides: Any) -> Path:
-    """Convert ``<ckpt>/params`` into a ``PI0Policy`` directory, streaming; every input is checked first."""
+                       delta_action_dims: int | None = None, openpi_config: str | None = None,
+                       **config_overrides: Any) -> Path:
+    """Convert ``<ckpt>/params`` into a ``PI0Policy`` directory, streaming; every input is checked first.
+
+    ``openpi_config`` (a name in ``pi0.openpi_configs.OPENPI_CONFIGS``) supplies the horizon, token budget,
+    normalization and delta dims of that openpi TrainConfig; explicit arguments win over it.
+    """
+    from pi0.openpi_configs import get_openpi_config
     from pi0.modeling_pi0 import PI0Model, PI0Policy, PolicyConfig  # local import: avoid a cycle
     from pi0.normalize import load_norm_stats, save_norm_stats
     from pi0.tokenizer import PaligemmaTokenizer, build_tokenizer_model
@@ -409,6 +415,14 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
     stats = load_norm_stats(ns_path)
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
+    normalization = "zscore"
+    if openpi_config is not None:
+        preset = get_openpi_config(openpi_config, "pi0")
+        config_overrides.setdefault("action_horizon", preset.action_horizon)
+        config_overrides.setdefault("max_token_len", preset.max_token_len)
+        normalization = preset.normalization
+        if delta_action_dims is None:
+            delta_action_dims = preset.delta_action_dims
     delta_action_dims = resolve_delta_action_dims(ns_path, delta_action_dims)
     src = OrbaxParams(params_dir)  # metadata only
     cfg = infer_config(src.shape_view(), dtype=dtype, **config_overrides)
@@ -426,7 +440,7 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
             tokenizer = build_tokenizer_model(tmp_out / "tokenizer.model")
         else:
             shutil.copyfile(tokenizer, tmp_out / "tokenizer.model")
-        pol_cfg = PolicyConfig(model=cfg, delta_action_dims=delta_action_dims)
+        pol_cfg = PolicyConfig(model=cfg, delta_action_dims=delta_action_dims, normalization=normalization)
         PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tmp_out / "tokenizer.model", cfg.max_token_len), model)  # checks
         stream_convert(src, plan, cfg, tmp_out / "model.safetensors")
         (tmp_out / "config.json").write_text(json.dumps(pol_cfg.to_dict(), indent=2))

@@ -3,6 +3,11 @@
 A pi0-FAST tree is PaliGemma alone: ``PaliGemma/img/...`` (SigLIP + head) and ``PaliGemma/llm/...``
 (one Gemma, no ``_1`` expert, no action projections). Layers are scanned (leading depth axis).
 ``convert_pi0_to_hf_lerobot.py`` dispatches here when ``is_pi0fast_tree`` holds.
+
+What the tree cannot say is required up front, before any array is read: the FAST action tokenizer the
+checkpoint was trained with (its action token ids are defined by it), and the action horizon / token budget
+(``--openpi_config NAME`` or explicit flags). The converted config.json states ``decode_position_offset: 1``:
+openpi serves pi0-FAST with decoded token s at position prefill_len + s + 1.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import numpy as np
 import torch
 
 from pi0.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, SiglipConfig
-from pi0.errors import MissingPathError
+from pi0.errors import MissingPathError, UserError
+from pi0.openpi_configs import OpenpiConfig, get_openpi_config, names_for
 
 log = logging.getLogger(__name__)
 
@@ -168,32 +174,61 @@ def build_fast_model(flat: Flat, **overrides: Any):
     return model.float().eval()
 
 
+FAST_TOKENIZER_HELP = (
+    "a pi0-FAST checkpoint decodes actions with the FAST tokenizer it was trained with: pass --fast_tokenizer DIR, "
+    "a local copy of the Hugging Face repo physical-intelligence/fast (processor_config.json + tokenizer.json; "
+    "download it where the hub is reachable, e.g. `huggingface-cli download physical-intelligence/fast --local-dir "
+    "DIR`). A stand-in tokenizer gives other action ids for every chunk, so the converted policy would output "
+    "garbage; for a model of your own, fit one explicitly with `python -m pi0.fast_tokenizer fit`")
+
+
+def check_fast_tokenizer_dir(fast_tokenizer: str | Path | None) -> Path:
+    """The FAST tokenizer directory, or a one-line UserError saying where it comes from and what to pass."""
+    if fast_tokenizer is None:
+        raise UserError(f"missing --fast_tokenizer: {FAST_TOKENIZER_HELP}")
+    path = Path(fast_tokenizer)
+    missing = [f for f in ("processor_config.json", "tokenizer.json") if not (path / f).is_file()]
+    if not path.is_dir() or missing:
+        raise MissingPathError(f"--fast_tokenizer {path} is not a FAST tokenizer directory (lacks "
+                               f"{missing or 'the directory'}): {FAST_TOKENIZER_HELP}")
+    return path
+
+
+def resolve_fast_settings(preset: OpenpiConfig | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """action_horizon / max_token_len (/ action_dim) from explicit overrides, else the openpi preset; else refuse."""
+    out = dict(overrides)
+    for key in ("action_horizon", "max_token_len"):
+        if out.get(key) is None:
+            if preset is None:
+                raise UserError(f"a pi0-FAST checkpoint does not record its {key}: pass --openpi_config NAME "
+                                f"(one of {', '.join(names_for('pi0fast'))}) or --action_horizon and "
+                                f"--max_token_len (openpi's pi0_fast_libero: 10 and 180)")
+            out[key] = getattr(preset, key)
+    if preset is not None and preset.action_dim is not None:
+        out.setdefault("action_dim", preset.action_dim)
+    return out
+
+
 def convert_pi0fast_checkpoint(flat: Flat, output_path: str | Path, norm_stats_path: str | Path,
-                               tokenizer: str | Path | None = None, fast_tokenizer: str | Path | None = None,
-                               dtype: str = "float32", delta_action_dims: int = 0, **overrides: Any) -> Path:
+                               tokenizer: str | Path, fast_tokenizer: str | Path, dtype: str = "float32",
+                               delta_action_dims: int = 0, normalization: str = "quantile",
+                               **overrides: Any) -> Path:
     """Write a ``PI0FASTPolicy`` directory from already-read flat params (atomically: temp dir + rename)."""
     from pi0.fast_tokenizer import FASTTokenizer
     from pi0.normalize import load_norm_stats
     from pi0.policy_pi0fast import FASTPolicyConfig, PI0FASTPolicy
-    from pi0.tokenizer import build_tokenizer_model
-
     stats = load_norm_stats(norm_stats_path)
-    if tokenizer is not None and not Path(tokenizer).is_file():
+    if not Path(tokenizer).is_file():
         raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
-    fast = FASTTokenizer.from_pretrained(fast_tokenizer) if fast_tokenizer else None
+    fast = FASTTokenizer.from_pretrained(check_fast_tokenizer_dir(fast_tokenizer))
     overrides.setdefault("action_dim", stats["actions"].dim)
+    overrides.setdefault("decode_position_offset", 1)  # as openpi serves it (see Pi0FASTConfig)
     model = build_fast_model(flat, **overrides)
     output_path = Path(output_path)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", dir=output_path.parent))
     try:
-        if tokenizer is None:
-            log.warning("no --tokenizer: writing the small offline stand-in; pass PaliGemma's sentencepiece model")
-            tokenizer = build_tokenizer_model(tmp / "tokenizer.model")
-        if fast is None:
-            log.warning("no --fast_tokenizer: fitting a stand-in FAST tokenizer on synthetic chunks; pass the "
-                        "tokenizer the checkpoint was trained with for real use")
-        pol_cfg = FASTPolicyConfig(model=model.cfg, delta_action_dims=delta_action_dims)
+        pol_cfg = FASTPolicyConfig(model=model.cfg, delta_action_dims=delta_action_dims, normalization=normalization)
         policy = PI0FASTPolicy.build(pol_cfg, stats, tokenizer, fast, model)
         policy.save_pretrained(tmp, dtype=dtype)
         if output_path.exists():
@@ -226,13 +261,15 @@ def orbax_param_names(params_dir: str | Path) -> list[str]:
 def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, norm_stats: str | Path | None = None,
                           tokenizer: str | Path | None = None, fast_tokenizer: str | Path | None = None,
                           dtype: str = "float32", delta_action_dims: int | None = None,
-                          **overrides: Any) -> Path | None:
+                          openpi_config: str | None = None, **overrides: Any) -> Path | None:
     """Convert ``checkpoint_dir`` if it holds a pi0-FAST tree (-> output path), else return None (not ours).
 
-    Norm stats and delta actions are found exactly as for pi0 (``pi0.conversion``): an unknown asset id
-    needs ``--delta_action_dims``.
+    Every input is checked from metadata before any array is read: the FAST tokenizer, the horizon and token
+    budget (explicit ``overrides`` win over ``openpi_config``), the norm stats and the delta-action dims
+    (explicit, else the preset, else known from the asset id as for pi0).
     """
     from pi0.conversion import find_norm_stats, read_orbax_params, resolve_delta_action_dims
+    from pi0.normalize import load_norm_stats
 
     params_dir = Path(checkpoint_dir)
     if not params_dir.is_dir():
@@ -241,14 +278,25 @@ def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, n
         params_dir = params_dir / "params"
     if not (params_dir / "_METADATA").exists() or not is_pi0fast_tree(orbax_param_names(params_dir)):
         return None
+    log.info("pi0-FAST parameter tree detected in %s", params_dir)
+    preset = get_openpi_config(openpi_config, "pi0fast") if openpi_config else None
+    check_fast_tokenizer_dir(fast_tokenizer)
+    if tokenizer is None or not Path(tokenizer).is_file():
+        raise MissingPathError(f"--tokenizer {tokenizer} is not a file: a pi0-FAST checkpoint needs PaliGemma's "
+                               f"sentencepiece model (paligemma_tokenizer.model, a local copy), since openpi reads the "
+                               f"decoded action ids back as text")
+    overrides = resolve_fast_settings(preset, {k: v for k, v in overrides.items() if v is not None})
     ns = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
     if ns is None or not ns.is_file():
         raise MissingPathError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
                                f"pass --norm_stats PATH")
-    if fast_tokenizer is not None and not Path(fast_tokenizer).is_dir():
-        raise MissingPathError(f"--fast_tokenizer {fast_tokenizer} is not a directory (processor_config.json + "
-                               f"tokenizer.json)")
+    normalization = preset.normalization if preset else "quantile"  # openpi: every non-pi0 model uses quantiles
+    if normalization == "quantile" and load_norm_stats(ns)["actions"].q01 is None:
+        raise UserError(f"{ns} has no q01/q99, which pi0-FAST's quantile normalization needs (openpi computes them "
+                        f"with scripts/compute_norm_stats.py)")
+    if delta_action_dims is None and preset is not None:
+        delta_action_dims = preset.delta_action_dims
     delta_action_dims = resolve_delta_action_dims(ns, delta_action_dims)
-    log.info("pi0-FAST parameter tree detected in %s", params_dir)
     return convert_pi0fast_checkpoint(read_orbax_params(params_dir), output_path, ns, tokenizer, fast_tokenizer,
-                                      dtype, delta_action_dims=delta_action_dims, **overrides)
+                                      dtype, delta_action_dims=delta_action_dims, normalization=normalization,
+                                      **overrides)

@@ -144,12 +144,12 @@ def save_observation_pipeline(out_dir: str | Path, policy: Any, env_obs: dict[st
     Writes raw (as rendered) / upright / processed (224, padded) / model-input images per camera, a
     side-by-side ``pipeline.png`` and ``pipeline.json`` (state at each step, tokens and their pieces, masks).
     """
-    from pi0.libero_policy import construct_pi0_observation  # local: keeps pi0.debug free of torch at import
+    from pi0.libero_policy import construct_libero_observation  # local: keeps pi0.debug free of torch at import
     from pi0.transforms import libero_state
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    observation, client = construct_pi0_observation(env_obs, prompt)
+    observation, client = construct_libero_observation(env_obs, prompt, policy)
     inp = policy.prepare_inputs(observation)
     rows = []
     for cam_idx, (raw_key, client_key) in enumerate(zip(CAMERA_KEYS, ("image", "wrist_image"))):

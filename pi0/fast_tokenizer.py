@@ -59,6 +59,15 @@ def coefficients_to_chunk(coeffs: np.ndarray, scale: float) -> np.ndarray:
     return idct(np.asarray(coeffs, dtype=np.float64) / scale, axis=-2, norm="ortho")
 
 
+def clean_up_tokenization(text: str) -> str:
+    """transformers' ``PreTrainedTokenizerBase.clean_up_tokenization``: drop the space before . ? ! , and
+    English contractions (applied by the published FAST processor when its config sets the flag)."""
+    for old, new in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                     (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(old, new)
+    return text
+
+
 @dataclass
 class DecodeResult:
     """Decoded chunks (B, T, D) float64, ``ok`` (B,) bool (False = malformed input, chunk is best effort)
@@ -73,13 +82,17 @@ class FASTTokenizer:
     """DCT + BPE action tokenizer (published FAST format)."""
 
     def __init__(self, bpe, scale: float = 10.0, vocab_size: int = 1024, min_token: int = 0,
-                 time_horizon: int | None = None, action_dim: int | None = None):
+                 time_horizon: int | None = None, action_dim: int | None = None,
+                 clean_up_tokenization_spaces: bool = False):
         self.bpe = bpe  # tokenizers.Tokenizer
         self.scale = float(scale)
         self.vocab_size = int(vocab_size)
         self.min_token = int(min_token)
         self.time_horizon = time_horizon
         self.action_dim = action_dim
+        # tokenizer_config.json's flag: the published processor decodes through transformers'
+        # PreTrainedTokenizerFast, which then applies clean_up_tokenization to the decoded string.
+        self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
 
     # ------------------------------------------------------------------ encode
     @property
@@ -137,6 +150,31 @@ class FASTTokenizer:
             problems.append("empty token sequence")
         chunk = coefficients_to_chunk(coeffs.reshape(time_horizon, action_dim), self.scale)
         return chunk, "; ".join(problems)
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """BPE ids -> the coefficient string, as the published processor's ``bpe_tokenizer.decode`` gives it.
+
+        Raises what the ``tokenizers`` library raises (e.g. OverflowError for a negative id); ids past the
+        vocabulary are skipped by the library.
+        """
+        text = self.bpe.decode([int(t) for t in ids], skip_special_tokens=False)
+        return clean_up_tokenization(text) if self.clean_up_tokenization_spaces else text
+
+    def decode_openpi(self, tokens: Sequence[int], time_horizon: int, action_dim: int) -> tuple[np.ndarray, str]:
+        """Token ids -> ((T, D) chunk, problem or ''), exactly as the published processor's ``decode``.
+
+        as in physical-intelligence/fast UniversalActionProcessor.decode: chars -> ord + min_token, reshape
+        (-1, D), which must be (T, D); any failure gives a zero coefficient array (a zero chunk).
+        """
+        try:
+            codes = np.array([ord(ch) for ch in self.decode_text(tokens)], dtype=np.int64) + self.min_token
+            coeffs = codes.reshape(-1, action_dim)
+            if coeffs.shape != (time_horizon, action_dim):
+                raise ValueError(f"{codes.size} coefficients, expected {time_horizon} x {action_dim}")
+            problem = ""
+        except Exception as e:  # noqa: BLE001 - as the published decode: never raise, give zeros
+            coeffs, problem = np.zeros((time_horizon, action_dim)), f"FAST decode failed ({e}): zero chunk"
+        return coefficients_to_chunk(coeffs, self.scale), problem
 
     def decode(self, tokens: Iterable[Sequence[int]], time_horizon: int | None = None,
                action_dim: int | None = None) -> DecodeResult:
@@ -198,7 +236,8 @@ class FASTTokenizer:
         (directory / PROCESSOR_CONFIG).write_text(json.dumps(cfg, indent=2))
         self.bpe.save(str(directory / TOKENIZER_JSON))
         (directory / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, indent=2))
+            {"tokenizer_class": "PreTrainedTokenizerFast",
+             "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces}, indent=2))
         (directory / "special_tokens_map.json").write_text("{}")
         return directory
 
@@ -214,10 +253,16 @@ class FASTTokenizer:
             cfg = json.loads((directory / PROCESSOR_CONFIG).read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{directory / PROCESSOR_CONFIG} is not valid JSON: {e}") from e
+        tok_cfg_path = directory / "tokenizer_config.json"
+        try:
+            tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.is_file() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{tok_cfg_path} is not valid JSON: {e}") from e
         bpe = _tokenizers().Tokenizer.from_file(str(directory / TOKENIZER_JSON))
         return cls(bpe, scale=cfg.get("scale", 10.0), vocab_size=cfg.get("vocab_size", 1024),
                    min_token=cfg.get("min_token", 0), time_horizon=cfg.get("time_horizon"),
-                   action_dim=cfg.get("action_dim"))
+                   action_dim=cfg.get("action_dim"),
+                   clean_up_tokenization_spaces=tok_cfg.get("clean_up_tokenization_spaces", False))
 
 
 def synthetic_chunks(n: int, horizon: int, dim: int, seed: int = 0, noise: float = 0.0) -> np.ndarray:

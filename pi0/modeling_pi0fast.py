@@ -41,8 +41,11 @@ class Pi0FASTConfig:
     fast_skip_tokens: int = 128  # as in openpi FASTTokenizer: the last 128 PaliGemma ids are special tokens
     dtype: str = "float32"
     attn_implementation: str = "eager"
-    # Position of the token decoded at step s is prefill_len + s + decode_position_offset. openpi commit
-    # 15a9616 (the fixtures) uses 1 (one position skipped after the prefix); later openpi fixed it to 0.
+    # Position of the token decoded at step s is prefill_len + s + decode_position_offset. openpi's
+    # pi0_fast.py sample_actions uses 1 (one position skipped after the prefix; still so at commit 15a9616, a
+    # fix proposed upstream was not merged), while its compute_loss trains contiguous positions. A converted
+    # openpi checkpoint must decode as openpi serves it (1: the converter writes it); a model trained by
+    # this project's own loss decodes with 0 (scripts/sft_pi0fast_arena.py writes it).
     decode_position_offset: int = 1
 
     def __post_init__(self) -> None:
@@ -188,7 +191,7 @@ class PI0FASTModel(nn.Module):
         as in openpi pi0_fast.py sample_actions: right-align the prefix, prefill a KV cache of size
         prefix + steps, then one token per step; stop early once EVERY sample emitted EOS at the same step
         (``early_stop=False``: always decode the whole budget, for benchmarks);
-        unused slots stay 0. Decoded tokens attend to cache slots [prefix_start, current) where
+        unused slots, and those after a sample's own EOS, are 0. Decoded tokens attend to cache slots [prefix_start, current) where
         prefix_start = T - sum(prefix_mask) (openpi's range mask). ``use_kv_cache=False`` recomputes the
         whole sequence every step (the benchmark baseline; the same tokens unless a camera is masked, whose
         fully-masked prefix rows then average over decoded keys instead of openpi's zero cache padding).
@@ -225,7 +228,10 @@ class PI0FASTModel(nn.Module):
             else:
                 all_emb, all_pos = torch.cat([all_emb, tok_emb], 1), torch.cat([all_pos, pos], 1)
                 last_logit = self._recompute_last(all_emb, all_pos, attn, prefix_start, t, steps)
-        return out
+        # Slots after a sample's first EOS are 0, as when openpi serves that sample alone (batch 1): the
+        # decoded output of a sample does not depend on what it was batched with.
+        eos = (out == PALIGEMMA_EOS_TOKEN).long()
+        return out.masked_fill((torch.cumsum(eos, 1) - eos) > 0, 0)
 
     def _recompute_last(self, emb: torch.Tensor, positions: torch.Tensor, prefix_attn: torch.Tensor,
                         prefix_start: torch.Tensor, t: int, steps: int) -> torch.Tensor:

@@ -75,27 +75,47 @@ def _pad(x: np.ndarray, dim: int, value: float) -> np.ndarray:
 
 
 def _scale_shift(stats: Stats, mode: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(scale, shift) with x_norm = (x - shift) / scale, padded to ``dim`` (scale 1, shift 0)."""
+    """z-score (scale, shift) with x_norm = (x - shift) / scale, padded to ``dim`` (scale 1, shift 0).
+
+    as in openpi transforms.py _normalize: (x - mean) / (std + eps); quantile mode is computed in ``normalize``.
+    """
     if mode == "zscore":
         return _pad(stats.std + EPS, dim, 1.0), _pad(stats.mean, dim, 0.0)
-    if mode == "quantile":
-        if stats.q01 is None or stats.q99 is None:
-            raise ValueError("quantile normalization needs q01/q99 in norm_stats.json")
-        # as in openpi transforms.py _normalize_quantile: (x - q01) / (q99 - q01 + eps) * 2 - 1.
-        half = (stats.q99 - stats.q01 + EPS) / 2.0
-        return _pad(half, dim, 1.0), _pad(stats.q01 + half, dim, 0.0)
     raise ValueError(f"normalization mode must be one of {MODES}, got {mode!r}")
+
+
+def _quantiles(stats: Stats, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(q01, q99) sliced to the first min(D_x, D_stats) dims as float64 tensors on x's device, and that width."""
+    if stats.q01 is None or stats.q99 is None:
+        raise ValueError("quantile normalization needs q01/q99 in norm_stats.json")
+    d = min(x.shape[-1], stats.q01.shape[0])
+    as_t = lambda a: torch.as_tensor(a[:d], dtype=torch.float64, device=x.device)  # noqa: E731
+    return as_t(stats.q01), as_t(stats.q99), d
 
 
 def normalize(x: torch.Tensor, stats: Stats, mode: str = "zscore") -> torch.Tensor:
     """(..., D) raw -> normalized, computed in float64 on the first D dims (extra dims untouched)."""
-    scale, shift = _scale_shift(stats, mode, x.shape[-1])
     xd = x.to(torch.float64)
+    if mode == "quantile":
+        # as in openpi transforms.py _normalize_quantile, operation for operation (bit-identical in float64).
+        q01, q99, d = _quantiles(stats, xd)
+        out = xd.clone()
+        out[..., :d] = (xd[..., :d] - q01) / (q99 - q01 + EPS) * 2.0 - 1.0
+        return out
+    scale, shift = _scale_shift(stats, mode, x.shape[-1])
     return (xd - torch.as_tensor(shift, device=x.device)) / torch.as_tensor(scale, device=x.device)
 
 
 def unnormalize(x: torch.Tensor, stats: Stats, mode: str = "zscore") -> torch.Tensor:
     """(..., D) normalized -> raw in float64; dims past the stats' width pass through unchanged."""
-    scale, shift = _scale_shift(stats, mode, x.shape[-1])
     xd = x.to(torch.float64)
+    if mode == "quantile":
+        # as in openpi transforms.py _unnormalize_quantile: (x + 1) / 2 * (q99 - q01 + eps) + q01, with numpy's
+        # promotion: (x + 1.0) / 2.0 stays in x's dtype (float32 for a model output), the rest is float64.
+        q01, q99, d = _quantiles(stats, xd)
+        xs = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+        out = xd.clone()
+        out[..., :d] = ((xs[..., :d] + 1.0) / 2.0).to(torch.float64) * (q99 - q01 + EPS) + q01
+        return out
+    scale, shift = _scale_shift(stats, mode, x.shape[-1])
     return xd * torch.as_tensor(scale, device=x.device) + torch.as_tensor(shift, device=x.device)

@@ -11,6 +11,8 @@ from typing import Any
 
 from torch import nn
 
+from pi0.libero_policy import Pi0ChunkPolicy as PolicyChunkAdapter  # noqa: F401 - the ChunkPolicy of any model type
+
 MODEL_TYPES = ("pi0", "pi0fast")
 
 
@@ -48,43 +50,7 @@ def tiny_fast_policy(seed: int = 0, delta_action_dims: int = 6, state_dim: int =
     from pi0.policy_pi0fast import FASTPolicyConfig, PI0FASTPolicy
     from pi0.presets import tiny_tokenizer
 
+    # best-effort decoding: the stand-in text tokenizer has no pieces for the action ids (see PI0FASTPolicy)
     cfg = FASTPolicyConfig(model=Pi0FASTConfig.tiny(action_dim=action_dim, **model_overrides),
-                           delta_action_dims=delta_action_dims)
+                           delta_action_dims=delta_action_dims, action_decoding="best_effort")
     return PI0FASTPolicy.random_init(cfg, default_norm_stats(state_dim, action_dim), tiny_tokenizer(), seed=seed)
-
-
-class PolicyChunkAdapter:
-    """Batched ``ChunkPolicy`` (rollout engine protocol) over a ``PI0Policy`` or ``PI0FASTPolicy``.
-
-    Raw LIBERO-format observations (LIBERO or the arena) go through openpi's client steps
-    (``pi0.transforms.libero_client_obs``: rotate 180, resize_with_pad to the policy's image size, 8-D state);
-    agentview -> the policy's first camera, wrist -> its second (if it has one). Extras: the client state and,
-    for pi0-FAST, the decoded tokens and the per-sample ``ok`` flag of the action decoding.
-    """
-
-    def __init__(self, policy: nn.Module, generator: Any = None):
-        self.policy = policy
-        self.generator = generator
-
-    def predict_chunks(self, obs: list[dict[str, Any]], prompts: list[str]):
-        """n raw observations + prompts -> PolicyOutput(actions (n, H, A) float64, extras)."""
-        import numpy as np
-        import torch
-
-        from pi0.rollout.types import PolicyOutput
-        from pi0.transforms import libero_client_obs
-
-        size = self.policy.config.model.vision.image_size
-        client = [libero_client_obs(o, size) for o in obs]
-        chw = lambda k: torch.from_numpy(np.stack([c[k] for c in client]).transpose(0, 3, 1, 2).copy())  # noqa: E731
-        keys = self.policy.config.image_keys
-        images = {keys[0]: chw("image")} | ({keys[1]: chw("wrist_image")} if len(keys) > 1 else {})
-        state = np.stack([c["state"] for c in client])
-        observation = {"image": images, "state": torch.from_numpy(state), "prompt": list(prompts)}
-        if hasattr(self.policy, "fast_tokenizer"):
-            out = self.policy.predict_action_chunk_with_info(observation, generator=self.generator)
-            extras = {"state_raw": state, "output_tokens": out["output_tokens"].cpu().numpy(), "ok": out["ok"]}
-        else:
-            out = self.policy.predict_action_chunk_with_info(observation)
-            extras = {"state_raw": state, "noise": out["noise"].cpu().numpy()}
-        return PolicyOutput(actions=out["actions_f64"].numpy(), extras=extras)

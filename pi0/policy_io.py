@@ -38,7 +38,9 @@ class PolicyIO:
                            ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, list[str]]:
         """Validate -> (images C x (B,3,S,S) in [-1,1], masks C x (B,) bool, raw state (B,S_raw), B prompts).
 
-        as in openpi LiberoInputs: a camera missing from the observation is a zero image with mask False.
+        A camera missing from the observation is a zero image with mask False. ``observation["image_mask"]``
+        ({key: bool or (B,) bool}, optional) sets masks explicitly: an env's conventions decide them (openpi's
+        LiberoInputs gives pi0-FAST's zero right-wrist image mask True; see ``pi0.libero_policy``).
         """
         if not isinstance(observation, dict) or "image" not in observation or "state" not in observation:
             raise ValueError("observation must be a dict with keys 'image', 'state' and 'prompt'")
@@ -60,6 +62,9 @@ class PolicyIO:
         if len(prompts) != b:
             raise ValueError(f"{len(prompts)} prompts for a batch of {b}")
         size, device = self.config.model.vision.image_size, self.device
+        given_masks = observation.get("image_mask") or {}
+        if not isinstance(given_masks, dict) or set(given_masks) - set(keys):
+            raise ValueError(f"'image_mask' must be a dict over camera keys {list(keys)}, got {given_masks!r}")
         images, masks = [], []
         for key in keys:
             img = torch.as_tensor(imgs[key]) if key in imgs else torch.zeros(b, 3, size, size, dtype=torch.uint8)
@@ -68,5 +73,8 @@ class PolicyIO:
                     f"image '{key}' must be uint8 (B, 3, {size}, {size}) with B={b}; got {img.dtype} "
                     f"{tuple(img.shape)} (resize with pi0.transforms.resize_with_pad, channels first)")
             images.append(img.to(device).float() / 255.0 * 2.0 - 1.0)
-            masks.append(torch.full((b,), key in imgs, dtype=torch.bool, device=device))
+            mask = torch.as_tensor(given_masks.get(key, key in imgs), dtype=torch.bool).to(device)
+            if mask.ndim > 1 or mask.numel() not in (1, b):
+                raise ValueError(f"image_mask['{key}'] must be a bool or (B,) bools with B={b}, got {tuple(mask.shape)}")
+            masks.append(mask.expand(b).clone() if mask.ndim == 1 else mask.repeat(b))
         return images, masks, state, prompts

@@ -35,6 +35,8 @@ from pi0.tokenizer import PaligemmaTokenizer
 
 MODEL_TYPE = "pi0fast"
 FAST_DIR = "fast_tokenizer"
+# How decoded tokens become a chunk: "openpi" (as openpi serves: zeros for a malformed output) or "best_effort".
+DECODING_MODES = ("openpi", "best_effort")
 
 
 def discretize_state(state: np.ndarray, bins: int = 256) -> np.ndarray:
@@ -92,40 +94,73 @@ class FASTPromptTokenizer:
         return dict(tokens=torch.tensor(cols[0], dtype=torch.long), token_mask=torch.tensor(cols[1]),
                     token_ar_mask=torch.tensor(cols[2], dtype=torch.long), token_loss_mask=torch.tensor(cols[3]))
 
-    def extract_actions(self, output: Any, horizon: int, dim: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def extract_actions(self, output: Any, horizon: int, dim: int, mode: str = "openpi"
+                        ) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(B, steps) decoded ids (array or lists) -> ((B, H, D) normalized chunks, ok (B,), problems); never raises.
 
-        Token-space version of openpi extract_actions: after "Action: ", up to "|" / EOS; ids outside the
-        FAST range are dropped and flagged; a missing "Action: " is flagged and decoding is attempted anyway.
+        ``mode="openpi"`` gives openpi's chunk (``extract_actions_openpi``: zeros when the output holds no
+        "Action: " or does not decode); ``"best_effort"`` the token-space chunk of ``diagnose``. Either way
+        ``ok``/``problems`` come from ``diagnose`` plus openpi's failure, if any.
         """
-        chunks, oks, problems = [], [], []
-        lo, hi = self.to_pg(self.fast.bpe_vocab_size - 1), self.to_pg(0)
+        if mode not in DECODING_MODES:
+            raise ValueError(f"action decoding mode must be one of {DECODING_MODES}, got {mode!r}")
         rows = output.tolist() if isinstance(output, (np.ndarray, torch.Tensor)) else [list(r) for r in output]
+        chunks, oks, problems = [], [], []
         for row in rows:
-            probs = []
-            if PALIGEMMA_EOS_TOKEN in row:
-                row = row[: row.index(PALIGEMMA_EOS_TOKEN)]
-            else:
-                probs.append("no EOS (token budget exhausted)")
-            k = len(self.action_prefix)
-            if row[:k] == self.action_prefix:
-                row = row[k:]
-            else:
-                probs.append("no 'Action: ' prefix")
-            for i in range(len(row) - len(self.bar) + 1):
-                if row[i:i + len(self.bar)] == self.bar:
-                    row = row[:i]
-                    break
-            acts = [t for t in row if lo <= t <= hi]
-            if len(acts) != len(row):
-                probs.append(f"{len(row) - len(acts)} non-action token(s)")
-            res = self.fast.decode([self.to_pg(acts).tolist()], horizon, dim)
-            if res.problems[0]:
-                probs.append(res.problems[0])
-            chunks.append(res.actions[0])
+            chunk, probs = self.diagnose(row, horizon, dim)
+            if mode == "openpi":
+                chunk, failure = self.extract_actions_openpi(row, horizon, dim)
+                if failure and failure not in probs:
+                    probs.append(failure)
+            chunks.append(chunk)
             oks.append(not probs)
             problems.append("; ".join(probs))
         return np.stack(chunks), np.array(oks, dtype=bool), problems
+
+    def extract_actions_openpi(self, row: list[int], horizon: int, dim: int) -> tuple[np.ndarray, str]:
+        """One decoded row -> ((H, D) normalized chunk, failure or ''), exactly as openpi serves it.
+
+        as in openpi tokenizer.py FASTTokenizer.extract_actions (+ ExtractFASTActions): decode the ids to text;
+        no "Action: " -> zeros; else the text between the first "Action: " and the next "|", stripped,
+        re-encoded, mapped to FAST ids and decoded by the FAST processor (any failure -> zeros).
+        """
+        try:
+            text = self.sp.decode([int(t) for t in row])
+        except Exception as e:  # noqa: BLE001 - an id outside the text vocabulary
+            return np.zeros((horizon, dim)), f"output does not decode as text ({e}): zero chunk"
+        if "Action: " not in text:
+            return np.zeros((horizon, dim)), "no 'Action: ' in the decoded output: zero chunk"
+        raw = self.sp.encode(text.split("Action: ")[1].split("|")[0].strip())
+        return self.fast.decode_openpi(self.to_pg(np.asarray(raw, dtype=np.int64)).tolist(), horizon, dim)
+
+    def diagnose(self, row: list[int], horizon: int, dim: int) -> tuple[np.ndarray, list[str]]:
+        """One decoded row -> (best-effort (H, D) chunk, problems): a token-space reading of the output.
+
+        After "Action: ", up to "|" / EOS; ids outside the FAST range are dropped and flagged; a missing
+        "Action: " is flagged and decoding is attempted anyway.
+        """
+        lo, hi = self.to_pg(self.fast.bpe_vocab_size - 1), self.to_pg(0)
+        probs = []
+        if PALIGEMMA_EOS_TOKEN in row:
+            row = row[: row.index(PALIGEMMA_EOS_TOKEN)]
+        else:
+            probs.append("no EOS (token budget exhausted)")
+        k = len(self.action_prefix)
+        if row[:k] == self.action_prefix:
+            row = row[k:]
+        else:
+            probs.append("no 'Action: ' prefix")
+        for i in range(len(row) - len(self.bar) + 1):
+            if row[i:i + len(self.bar)] == self.bar:
+                row = row[:i]
+                break
+        acts = [t for t in row if lo <= t <= hi]
+        if len(acts) != len(row):
+            probs.append(f"{len(row) - len(acts)} non-action token(s)")
+        res = self.fast.decode([self.to_pg(acts).tolist()], horizon, dim)
+        if res.problems[0]:
+            probs.append(res.problems[0])
+        return res.actions[0], probs
 
 
 @dataclass
@@ -138,6 +173,7 @@ class FASTPolicyConfig:
     delta_action_dims: int = 0
     image_keys: tuple[str, ...] = CAMERA_KEYS
     temperature: float = 0.0
+    action_decoding: str = "openpi"  # see DECODING_MODES; "openpi" gives a zero chunk for a malformed output
     model_type: str = MODEL_TYPE
 
     def __post_init__(self) -> None:
@@ -151,6 +187,8 @@ class FASTPolicyConfig:
             raise ValueError(f"{len(self.image_keys)} image_keys for num_cameras={self.model.num_cameras}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.action_decoding not in DECODING_MODES:
+            raise ValueError(f"action_decoding must be one of {DECODING_MODES}, got {self.action_decoding!r}")
         self.image_keys = tuple(self.image_keys)
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,6 +217,10 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
         if config.normalization == "quantile" and norm_stats["actions"].q01 is None:
             raise ValueError("quantile normalization needs q01/q99 in norm_stats.json (or set normalization='zscore')")
         m = config.model
+        if config.action_decoding == "openpi" and tokenizer.vocab_size < m.vocab_size:
+            raise ValueError(f"action_decoding='openpi' reads the decoded ids as text, but the text tokenizer has "
+                             f"{tokenizer.vocab_size} pieces for a model vocab of {m.vocab_size} (a stand-in?): "
+                             f"pass PaliGemma's tokenizer, or use action_decoding='best_effort' for a model of your own")
         self.prompt = FASTPromptTokenizer(tokenizer, fast_tokenizer, m.vocab_size, m.fast_skip_tokens, m.max_token_len)
         self._queue: collections.deque[torch.Tensor] = collections.deque()
 
@@ -228,10 +270,11 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
     @torch.no_grad()
     def predict_action_chunk_with_info(self, observation: Observation, noise: Any = None,
                                        generator: torch.Generator | None = None) -> dict[str, Any]:
-        """Observation -> dict(actions (B,H,A) float32, actions_f64, tokens, ok (B,), problems, model inputs).
+        """Observation -> dict(actions (B,H,A) float32, actions_f64, output_tokens, ok (B,), problems, inputs).
 
-        ``noise`` is accepted (and ignored) so flow-policy callers such as ``Pi0ChunkPolicy`` work unchanged.
-        A malformed decoded sequence never raises: its chunk is best effort and ``ok`` is False.
+        ``noise`` is accepted (and ignored) so flow-policy callers work unchanged. A malformed decoded
+        sequence never raises: ``ok`` is False, ``problems`` says why, and the chunk follows
+        ``config.action_decoding`` (openpi: zeros in normalized space, then the output transforms).
         """
         inp = self.prepare_inputs(observation)
         was_training = self.model.training
@@ -240,16 +283,26 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
                                        self.config.model.max_decoding_steps, self.config.temperature, generator)
         self.model.train(was_training)
         norm, ok, problems = self.prompt.extract_actions(out.cpu().numpy(), self.config.model.action_horizon,
-                                                         self.action_dim)
-        acts = unnormalize(torch.from_numpy(norm), self.norm_stats["actions"], self.config.normalization)
+                                                         self.action_dim, self.config.action_decoding)
+        # as in openpi Policy.infer: the model-input state is float32 (8-D, unpadded; the model never reads it).
+        model_state = normalize(inp["raw_state"], self.norm_stats["state"], self.config.normalization).float()
+        acts = self.postprocess_actions(torch.from_numpy(norm), model_state)
+        return dict(actions=acts.float(), actions_f64=acts, model_actions=torch.from_numpy(norm).float(),
+                    output_tokens=out, ok=ok, problems=problems, noise=noise, state=model_state,
+                    lang_tokens=inp["tokens"], lang_masks=inp["token_mask"])
+
+    def postprocess_actions(self, chunks: torch.Tensor, model_state: torch.Tensor) -> torch.Tensor:
+        """Normalized chunks (B,H,A) + model-space state (B,S) -> env actions (B,H,A) float64.
+
+        as in openpi's output transforms: Unnormalize (actions, and the state too), then AbsoluteActions adds the
+        round-tripped state to the first ``delta_action_dims`` dims.
+        """
+        mode = self.config.normalization
+        acts = unnormalize(chunks, self.norm_stats["actions"], mode)
         d = self.config.delta_action_dims
         if d:
-            acts[..., :d] += inp["raw_state"][:, None, :d].double()
-        return dict(actions=acts.float(), actions_f64=acts, model_actions=torch.from_numpy(norm).float(),
-                    output_tokens=out, ok=ok, problems=problems, noise=noise,
-                    state=torch.from_numpy(normalize(inp["raw_state"], self.norm_stats["state"],
-                                                     self.config.normalization).numpy()).float(),
-                    lang_tokens=inp["tokens"], lang_masks=inp["token_mask"])
+            acts[..., :d] += unnormalize(model_state, self.norm_stats["state"], mode)[:, None, :d]
+        return acts
 
     @torch.no_grad()
     def predict_action_chunk(self, observation: Observation, noise: Any = None) -> torch.Tensor:
@@ -289,9 +342,11 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        **overrides: Any) -> "PI0FASTPolicy":
+                        openpi_bf16_params: bool = False, **overrides: Any) -> "PI0FASTPolicy":
         """Load a directory written by ``save_pretrained`` / the converter; ``overrides`` patch config.json
-        (FASTPolicyConfig fields such as temperature, or Pi0FASTConfig fields such as max_decoding_steps)."""
+        (FASTPolicyConfig fields such as temperature, or Pi0FASTConfig fields such as max_decoding_steps).
+        ``openpi_bf16_params`` rounds every weight through bf16 (float32 compute), as unmodified openpi serving
+        restores params."""
         directory = Path(directory)
         files = checkpoint_io.check_policy_dir(directory)
         try:
@@ -322,6 +377,10 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
         model = model.to_empty(device="cpu")
         checkpoint_io.load_into(model, {k.removeprefix("model."): v for k, v in state.items()},
                                 source=files["model.safetensors"])
+        if openpi_bf16_params:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.to(torch.bfloat16).to(p.dtype))
         return cls(config, norm_stats, tokenizer, fast, model).to(device).eval()
 
     @classmethod

@@ -1,10 +1,14 @@
-"""Serve a PI0Policy to openpi's own clients over openpi's websocket protocol (a drop-in for openpi's policy server).
+"""Serve a pi0 / pi0-FAST policy to openpi's own clients over openpi's websocket protocol (a drop-in for openpi's policy server).
 
 Wire protocol (facts from openpi-client 0.1.2 and openpi's ``serving/websocket_policy_server.py``):
 
 - frames are msgpack with openpi's numpy extension (``openpi_client.msgpack_numpy``): an array travels as a map
   ``{b"__ndarray__": True, b"data": raw bytes, b"dtype": dtype.str, b"shape": shape}``, a numpy scalar as
-  ``{b"__npgeneric__": True, b"data": item, b"dtype": dtype.str}``; websocket compression off, no size limit;
+  ``{b"__npgeneric__": True, b"data": item, b"dtype": dtype.str}``; websocket compression off. openpi's server
+  takes frames of any size; ours caps a frame (``max_frame_bytes``, 32 MiB by default: a 3-camera 224-px
+  observation is about 0.5 MiB), so one client cannot exhaust the server's memory; a larger frame is refused by the
+  websocket layer with close code 1009 (message too big) before it is read, and an array whose declared dtype and
+  shape disagree with its byte count gets the error frame and close 1011;
 - on connect the server sends one binary frame with its metadata dict, then answers each binary observation frame
   with one binary frame ``{"actions": (H, 7), "policy_timing": {...}, "server_timing": {"infer_ms", ...}}``;
 - on an error the server sends the traceback as a *text* frame (the client raises it as ``RuntimeError``) and closes
@@ -13,10 +17,11 @@ Wire protocol (facts from openpi-client 0.1.2 and openpi's ``serving/websocket_p
 
 Observations use openpi's LIBERO keys (``observation/image``, ``observation/wrist_image``: (H, W, 3) or (3, H, W)
 uint8 as openpi's client sends them after rotate + resize_with_pad; ``observation/state``: (8,) eef pos + axis-angle +
-gripper; ``prompt``: str). They go through the same model-side path as ``pi0.libero_policy.construct_pi0_observation``
-(resize_with_pad to the model size, which is a no-op for openpi's 224 px client images), so the server's actions equal
-``predict_libero_action_chunk`` on the same raw observation and noise. Requests that are waiting while the model runs
-are batched into the next call (``max_batch``).
+gripper; ``prompt``: str). They go through the same model-side path as ``pi0.libero_policy`` (resize_with_pad to the
+model size, a no-op for openpi's 224 px client images; the camera layout and masks of the policy's model type), so
+the server's actions equal ``predict_libero_action_chunk`` on the same raw observation (and noise, for pi0). Any
+policy directory serves: pi0 or pi0-FAST (``pi0.policies.load_policy`` dispatches on config.json's model_type).
+Requests that are waiting while the model runs are batched into the next call (``max_batch``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ import websockets
 import websockets.asyncio.server as ws_server
 from websockets.frames import CloseCode
 
-from pi0.modeling_pi0 import Observation, PI0Policy
+from pi0.libero_policy import libero_policy_observation, model_type_of_policy
+from pi0.policy_io import Observation
 from pi0.transforms import resize_with_pad
 
 logger = logging.getLogger(__name__)
@@ -49,6 +55,8 @@ IMAGE_KEY, WRIST_KEY, STATE_KEY, PROMPT_KEY = ("observation/image", "observation
                                                "prompt")
 LIBERO_KEYS: tuple[str, ...] = (IMAGE_KEY, WRIST_KEY, STATE_KEY, PROMPT_KEY)
 ERROR_CLOSE_REASON = "Internal server error. Traceback included in previous frame."
+DEFAULT_MAX_FRAME_BYTES = 32 << 20  # 32 MiB; a 3-camera 224-px uint8 observation is about 0.5 MiB
+SAFE_DTYPE_KINDS = "biufcSU"  # plain numbers, bools and fixed-width strings; never object, void or datetime
 NoiseFn = Callable[[Mapping[str, Any]], "np.ndarray | None"]
 
 
@@ -65,12 +73,37 @@ def _encode(obj: Any) -> Any:
     raise TypeError(f"cannot msgpack an object of type {type(obj).__name__}")
 
 
+def _safe_dtype(spec: Any) -> np.dtype:
+    """A declared dtype string -> np.dtype, refusing anything but plain numbers, bools and fixed-width strings."""
+    try:
+        dtype = np.dtype(spec.decode() if isinstance(spec, bytes) else spec)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"array frame declares an unknown dtype {spec!r}") from e
+    if dtype.kind not in SAFE_DTYPE_KINDS or dtype.itemsize == 0:
+        raise ValueError(f"array frame declares dtype {dtype} (kind {dtype.kind!r}); only numeric, bool and "
+                         f"fixed-width string arrays are accepted")
+    return dtype
+
+
 def _decode(obj: dict) -> Any:
-    """msgpack ``object_hook``: openpi's msgpack_numpy maps -> numpy arrays / scalars."""
+    """msgpack ``object_hook``: openpi's msgpack_numpy maps -> numpy arrays / scalars, checked before building.
+
+    An array's declared dtype and shape must account for its bytes exactly (a frame cannot make the server
+    allocate more than it sent, or read past its buffer); violations raise ValueError naming the numbers.
+    """
     if b"__ndarray__" in obj:
-        return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=tuple(obj[b"shape"]))
+        data, dtype, shape = obj.get(b"data"), _safe_dtype(obj.get(b"dtype")), obj.get(b"shape")
+        if not isinstance(data, bytes):
+            raise ValueError(f"array frame data must be bytes, got {type(data).__name__}")
+        if not isinstance(shape, (list, tuple)) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ValueError(f"array frame shape must be a list of non-negative ints, got {shape!r}")
+        expected = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if expected != len(data):
+            raise ValueError(f"array frame declares {dtype} {tuple(shape)} = {expected} bytes but carries "
+                             f"{len(data)} bytes")
+        return np.ndarray(buffer=data, dtype=dtype, shape=tuple(shape))
     if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+        return _safe_dtype(obj.get(b"dtype")).type(obj[b"data"])
     return obj
 
 
@@ -86,7 +119,7 @@ def unpackb(data: bytes) -> Any:
 
 # ------------------------------------------------------------------------------------------------ observations
 def _image(obs: Mapping[str, Any], key: str, size: int) -> np.ndarray:
-    """One openpi client image, (H,W,3) or (3,H,W) uint8 -> (3, size, size) uint8 (resize_with_pad if needed)."""
+    """One openpi client image, (H,W,3) or (3,H,W) uint8 -> (size, size, 3) uint8 (resize_with_pad if needed)."""
     img = obs[key]
     if not isinstance(img, np.ndarray):
         raise ValueError(f"'{key}' must be a numpy uint8 image array, got {type(img).__name__}")
@@ -98,11 +131,11 @@ def _image(obs: Mapping[str, Any], key: str, size: int) -> np.ndarray:
     if img.ndim != 3 or img.shape[-1] != 3 or min(img.shape[:2]) < 1:
         raise ValueError(f"'{key}' must be an RGB image (H, W, 3), got shape {img.shape}")
     # as in openpi pi0_libero input transforms: ResizeImages(224, 224) = resize_with_pad
-    return np.ascontiguousarray(resize_with_pad(img, size, size).transpose(2, 0, 1))
+    return np.ascontiguousarray(resize_with_pad(img, size, size))
 
 
 def parse_libero_request(obs: Any, image_size: int, state_dim: int) -> dict[str, Any]:
-    """openpi LIBERO request dict -> {"image","wrist_image": (3,S,S) uint8, "state": (state_dim,) f64, "prompt": str}.
+    """openpi LIBERO request dict -> {"image","wrist_image": (S,S,3) uint8, "state": (state_dim,) f64, "prompt": str}.
 
     Raises ValueError naming the offending key and what was expected; runs before any model work.
     """
@@ -129,22 +162,22 @@ def parse_libero_request(obs: Any, image_size: int, state_dim: int) -> dict[str,
             "state": state.astype(np.float64), "prompt": prompt}
 
 
-def batch_observation(requests: list[dict[str, Any]]) -> Observation:
-    """n parsed requests -> PI0Policy observation: images (n,3,S,S) uint8, state (n,8) f64, n prompts.
-
-    as in pi0.libero_policy.construct_pi0_observation: base_0_rgb = agentview, left_wrist_0_rgb = wrist camera.
-    """
-    stack = lambda k: torch.from_numpy(np.stack([r[k] for r in requests]))  # noqa: E731
-    return {"image": {"base_0_rgb": stack("image"), "left_wrist_0_rgb": stack("wrist_image")},
-            "state": stack("state"), "prompt": [r["prompt"] for r in requests]}
+def batch_observation(requests: list[dict[str, Any]], policy: Any) -> Observation:
+    """n parsed requests -> the policy's observation (as ``pi0.libero_policy.construct_libero_observation``)."""
+    client = {k: np.stack([r[k] for r in requests]) for k in ("image", "wrist_image", "state")}
+    return libero_policy_observation(client, [r["prompt"] for r in requests], policy.config.image_keys,
+                                     model_type_of_policy(policy))
 
 
 # ------------------------------------------------------------------------------------------------------ policy
 class LiberoServingPolicy:
-    """A PI0Policy answering batches of parsed openpi LIBERO requests with (H, 7) float64 action chunks."""
+    """A policy (pi0 or pi0-FAST) answering batches of parsed openpi LIBERO requests with (H, 7) float64 chunks."""
 
-    def __init__(self, policy: PI0Policy, noise_fn: NoiseFn | None = None, name: str = "pi0"):
+    def __init__(self, policy: Any, noise_fn: NoiseFn | None = None, name: str = "pi0"):
         self.policy = policy.eval()
+        self.model_type = model_type_of_policy(policy)
+        if noise_fn is not None and self.model_type != "pi0":
+            raise ValueError(f"a noise hook fixes a flow policy's noise; a {self.model_type} policy has none")
         self.noise_fn = noise_fn  # raw request -> (H, 32) flow noise or None (random); tests fix the noise with it
         self.name = name
 
@@ -152,7 +185,8 @@ class LiberoServingPolicy:
     def metadata(self) -> dict[str, Any]:
         """Sent to every client on connect."""
         cfg = self.policy.config
-        return {"policy": self.name, "action_horizon": cfg.model.action_horizon, "action_dim": self.policy.action_dim,
+        return {"policy": self.name, "model_type": self.model_type, "action_horizon": cfg.model.action_horizon,
+                "action_dim": self.policy.action_dim,
                 "state_dim": self.policy.state_dim, "image_size": cfg.model.vision.image_size,
                 "observation_keys": list(LIBERO_KEYS)}
 
@@ -173,7 +207,7 @@ class LiberoServingPolicy:
             cfg = self.policy.config.model
             noise = torch.stack([torch.as_tensor(r["noise"], dtype=torch.float32) if r["noise"] is not None
                                  else torch.randn(cfg.action_horizon, cfg.action_dim) for r in requests])
-        out = self.policy.predict_action_chunk_with_info(batch_observation(requests), noise)
+        out = self.policy.predict_action_chunk_with_info(batch_observation(requests, self.policy), noise)
         return list(out["actions_f64"].cpu().numpy())
 
 
@@ -188,10 +222,14 @@ class _Pending:
 class PolicyServer:
     """openpi-protocol websocket server over a ``LiberoServingPolicy``; one inference thread, batched requests."""
 
-    def __init__(self, policy: LiberoServingPolicy, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8):
+    def __init__(self, policy: LiberoServingPolicy, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 8,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_frame_bytes < 1024:
+            raise ValueError(f"max_frame_bytes must be >= 1024, got {max_frame_bytes}")
         self.policy, self.host, self.port, self.max_batch = policy, host, port, max_batch
+        self.max_frame_bytes = max_frame_bytes
         self._queue: asyncio.Queue[_Pending] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pi0-infer")
 
@@ -268,7 +306,8 @@ class PolicyServer:
         self._queue = asyncio.Queue()
         batcher = asyncio.create_task(self._batcher())
         try:
-            async with ws_server.serve(self._handler, self.host, self.port, compression=None, max_size=None,
+            async with ws_server.serve(self._handler, self.host, self.port, compression=None,
+                                       max_size=self.max_frame_bytes,
                                        process_request=self._health) as server:
                 port = server.sockets[0].getsockname()[1] if server.sockets else self.port
                 logger.info("serving on ws://%s:%d (healthz: http://%s:%d/healthz)", self.host, port, self.host, port)

@@ -105,7 +105,10 @@ def build_policy(cfg: Config, demos: dict[str, np.ndarray]) -> PI0FASTPolicy:
     model = Pi0FASTConfig.tiny(vision=SiglipConfig.from_variant("mu/14", cfg.image_size), num_cameras=2,
                                action_horizon=cfg.horizon, max_decoding_steps=cfg.max_decoding_steps,
                                max_token_len=cfg.max_token_len, decode_position_offset=0)
-    pcfg = FASTPolicyConfig(model=model, n_action_steps=cfg.replan_steps, image_keys=("base_0_rgb", "left_wrist_0_rgb"))
+    # best-effort decoding: the small stand-in text tokenizer has no pieces for the action ids, so openpi's
+    # text-based extraction cannot read them (a converted openpi checkpoint uses "openpi").
+    pcfg = FASTPolicyConfig(model=model, n_action_steps=cfg.replan_steps, image_keys=("base_0_rgb", "left_wrist_0_rgb"),
+                            action_decoding="best_effort")
     policy = PI0FASTPolicy.random_init(pcfg, norm, tiny_tokenizer(), fast, seed=cfg.seed, init=cfg.init)
     n_act = [len(t) for t in fast.encode(acts)]
     print(f"FAST: {fast.bpe_vocab_size} tokens, {np.mean(n_act):.1f} (max {max(n_act)}) tokens per chunk of "

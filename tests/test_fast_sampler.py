@@ -160,6 +160,7 @@ def test_cuda_graph_guard_on_cpu(model):
         FastSampler(model, backend="tensorrt")
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_matches_eager(compile):

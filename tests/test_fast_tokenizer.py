@@ -119,3 +119,44 @@ def test_cli_fit_and_roundtrip(tmp_path):
     assert r.returncode == 0 and "malformed 0" in r.stdout, r.stdout + r.stderr
     r = run("fit", "--data", str(tmp_path / "missing.npy"), "--out", str(out))
     assert r.returncode != 0 and "does not exist" in r.stderr
+
+
+def test_clean_up_tokenization_by_hand():
+    from pi0.fast_tokenizer import clean_up_tokenization
+
+    assert clean_up_tokenization("a . b ? c ! d , e ' f n't g 'm h 's i 've j 're") == \
+        "a. b? c! d, e'fn't g'm h's i've j're"
+    assert clean_up_tokenization("x  .") == "x ."  # one space removed per occurrence, as transformers does
+
+
+def test_decode_openpi_is_the_published_processor(tok):
+    """Zero chunk on any failure (wrong length, negative id); the published text clean-up applies when configured."""
+    chunk = np.linspace(-0.5, 0.5, 70).reshape(10, 7)
+    ids = tok.encode(chunk)[0]
+    good, problem = tok.decode_openpi(ids, 10, 7)
+    assert problem == "" and np.abs(good - tok.decode([ids], 10, 7).actions[0]).max() == 0
+    for bad in (ids[:-1], ids + ids[:1], [-1] + ids):
+        zeros, problem = tok.decode_openpi(bad, 10, 7)
+        assert problem and np.array_equal(zeros, np.zeros((10, 7)))
+    # coefficients whose characters read " ." (space, full stop): transformers' clean-up drops the space, so the
+    # published processor sees 69 coefficients and gives zeros; without the flag the chunk decodes.
+    coeffs = np.zeros(70, np.int64)
+    coeffs[:2] = [ord(" ") + tok.min_token, ord(".") + tok.min_token]
+    ids = tok.bpe.encode(tok.to_string(coeffs.reshape(10, 7))).ids
+    assert tok.decode_openpi(ids, 10, 7)[1] == ""
+    tok.clean_up_tokenization_spaces = True
+    try:
+        zeros, problem = tok.decode_openpi(ids, 10, 7)
+        assert "69" in problem and not zeros.any()
+    finally:
+        tok.clean_up_tokenization_spaces = False
+
+
+def test_clean_up_flag_round_trips_through_the_published_layout(tok, tmp_path):
+    tok.clean_up_tokenization_spaces = True
+    try:
+        tok.save_pretrained(tmp_path / "t")
+    finally:
+        tok.clean_up_tokenization_spaces = False
+    assert json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())["clean_up_tokenization_spaces"] is True
+    assert FASTTokenizer.from_pretrained(tmp_path / "t").clean_up_tokenization_spaces

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import LIBERO_TINY
-from pi0.libero_policy import construct_pi0_observation, predict_libero_action_chunk
+from pi0.libero_policy import construct_libero_observation, predict_libero_action_chunk
 from pi0.modeling_pi0 import PI0Policy
 
 
@@ -23,7 +23,7 @@ def _env_obs(ref, i):
 def test_model_inputs_match_openpi(converted_tiny, ref):
     policy = PI0Policy.from_pretrained(converted_tiny)
     n = ref["actions"].shape[0]
-    observation, client = construct_pi0_observation([_env_obs(ref, i) for i in range(n)], list(ref["prompt"]))
+    observation, client = construct_libero_observation([_env_obs(ref, i) for i in range(n)], list(ref["prompt"]), policy)
     np.testing.assert_array_equal(client["image"], ref["client/image"])
     np.testing.assert_array_equal(client["wrist_image"], ref["client/wrist_image"])
     np.testing.assert_allclose(client["state"], ref["client/state"], atol=1e-12)
@@ -44,7 +44,7 @@ def test_action_chunks_match_openpi(converted_tiny, ref):
         assert actions.shape == (50, 7) and actions.dtype == np.float64
         assert np.abs(actions - ref["actions"][i]).max() < 1e-4
     # The raw model output and the delta->absolute step, separately.
-    observation, _ = construct_pi0_observation(_env_obs(ref, 0), str(ref["prompt"][0]))
+    observation, _ = construct_libero_observation(_env_obs(ref, 0), str(ref["prompt"][0]), policy)
     info = policy.predict_action_chunk_with_info(observation, torch.from_numpy(ref["noise"][:1]))
     assert np.abs(info["model_actions"].numpy() - ref["model_output/actions"][:1]).max() < 1e-4
     no_delta = PI0Policy.from_pretrained(converted_tiny, delta_action_dims=0)

@@ -35,17 +35,49 @@ def ref():
     return dict(np.load(_need(FAST_TINY / "reference.npz")))
 
 
+FAST_POLICY = GOLDEN / "openpi_pi0fast_libero_policy_tiny"  # its tokenizer.model covers the 1024-id vocab
+
+
+def _convert_cmd(out, *extra):
+    return [sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir",
+            str(_need(FAST_TINY / "checkpoint" / "params")), "--output_path", str(out),
+            "--norm_stats", str(_need(PI0_TINY / "checkpoint/assets/physical-intelligence/libero/norm_stats.json")),
+            *extra]
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """The fixture converted through the same CLI as pi0 (pi0-FAST detected from the tree)."""
-    out = tmp_path_factory.mktemp("fast") / "policy"
-    cmd = [sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir",
-           str(_need(FAST_TINY / "checkpoint" / "params")), "--output_path", str(out),
-           "--norm_stats", str(_need(PI0_TINY / "checkpoint/assets/physical-intelligence/libero/norm_stats.json")),
-           "--action_horizon", "10", "--max_token_len", "64"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    """The fixture converted through the same CLI as pi0 (pi0-FAST detected from the tree), with a FAST tokenizer
+    fitted here and passed explicitly (the model-level parity does not depend on which one)."""
+    from pi0.fast_tokenizer import FASTTokenizer, synthetic_chunks
+
+    root = tmp_path_factory.mktemp("fast")
+    FASTTokenizer.fit(list(synthetic_chunks(256, 10, 7)), vocab_size=480).save_pretrained(root / "fast_tok")
+    out = root / "policy"
+    r = subprocess.run(_convert_cmd(out, "--action_horizon", "10", "--max_token_len", "64", "--fast_tokenizer",
+                                    str(root / "fast_tok"), "--tokenizer", str(_need(FAST_POLICY / "tokenizer.model"))),
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
+
+
+@pytest.mark.parametrize("extra, message", [
+    ((), "missing --fast_tokenizer: a pi0-FAST checkpoint decodes actions with the FAST tokenizer"),
+    (("--fast_tokenizer", "/nonexistent/fast"), "is not a FAST tokenizer directory"),
+    (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer")), "--tokenizer None is not a file"),
+    (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--tokenizer", str(FAST_POLICY / "tokenizer.model")),
+     "does not record its action_horizon: pass --openpi_config NAME (one of pi0_fast_libero, pi0_fast_droid)"),
+    (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--tokenizer", str(FAST_POLICY / "tokenizer.model"),
+      "--openpi_config", "pi0_libero"), "is a pi0 config but the checkpoint holds a pi0fast parameter tree"),
+    (("--openpi_config", "pi0_fast_aloha"), "unknown --openpi_config 'pi0_fast_aloha'; known openpi configs"),
+])
+def test_conversion_refuses_what_it_cannot_know(tmp_path, extra, message):
+    """Each missing input stops the converter with one line before any array is read or anything is written."""
+    r = subprocess.run(_convert_cmd(tmp_path / "out", *extra), capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
 
 
 def _inputs(ref, prefix=""):
@@ -174,11 +206,16 @@ def test_early_stop_and_unused_slots_are_zero():
         m.lm.embed_tokens.weight[1] = m.lm.embed_tokens.weight[1] * 0 + 50.0
         m.lm.norm.weight.fill_(0.0)
     out = m.sample_tokens(images, masks, tokens, tmask, max_decoding_steps=6)
-    all_eos = (out == 1).all(0).tolist()
-    stop = all_eos.index(True)  # decoding stops at the first step where EVERY sample emitted EOS ...
+    first = [row.index(1) for row in out.tolist()]  # every sample emits EOS within the budget here
+    stop = max(first)  # decoding stops at the step where the LAST sample emitted EOS ...
     assert stop < 5 and (out[:, stop + 1:] == 0).all()  # ... and the unused slots stay 0
-    # a sample that emitted EOS earlier keeps decoding until then (openpi's convention)
-    assert (out[:, :stop] == 1).any()
+    for i, f in enumerate(first):  # after its own EOS a sample's slots are 0, as openpi serving it alone gives
+        assert (out[i, f + 1:] == 0).all()
+    # batch invariance: each sample decoded alone gives its row of the batched output
+    for i in range(out.shape[0]):
+        alone = m.sample_tokens([im[i:i + 1] for im in images], [mk[i:i + 1] for mk in masks], tokens[i:i + 1],
+                                tmask[i:i + 1], max_decoding_steps=6)
+        assert torch.equal(alone[0, :first[i] + 1], out[i, :first[i] + 1])
 
 
 def test_cache_and_temperature_sampling():
@@ -211,7 +248,7 @@ def test_prompt_format_and_extract_actions():
     assert post[len(pt.action_prefix):-1 - len(pt.bar)] == (policy.config.model.vocab_size - 1 - 128
                                                              - np.array(fast_ids)).tolist()
     # decoding the postfix gives the chunk back (up to quantisation); garbage is flagged, never raises
-    chunks, ok, problems = pt.extract_actions([post + [0] * 3, [5, 6, 7, 0], [], [1] + post], 10, 7)
+    chunks, ok, problems = pt.extract_actions([post + [0] * 3, [5, 6, 7, 0], [], [1] + post], 10, 7, "best_effort")
     assert ok.tolist() == [True, False, False, False] and chunks.shape == (4, 10, 7)
     assert np.abs(chunks[0] - acts).max() < 0.15 and problems[1]
 

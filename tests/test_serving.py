@@ -1,5 +1,6 @@
 """The openpi-protocol policy server against openpi-client's own WebsocketClientPolicy (real sockets, 127.0.0.1)."""
 
+import contextlib
 import http.client
 import os
 import signal
@@ -11,13 +12,16 @@ import time
 
 import numpy as np
 import pytest
+import msgpack
 import websockets
+import websockets.sync.client as ws_sync
 from openpi_client import msgpack_numpy as openpi_msgpack
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from conftest import LIBERO_TINY, REPO
+from conftest import GOLDEN, LIBERO_TINY, REPO
 from pi0.libero_policy import predict_libero_action_chunk
 from pi0.modeling_pi0 import PI0Policy
+from pi0.policies import load_policy
 from pi0.presets import tiny_policy
 from pi0.serving import LiberoServingPolicy, PolicyServer, packb, parse_libero_request, unpackb
 
@@ -66,7 +70,7 @@ def test_codec_matches_openpi_msgpack_numpy():
 def test_parse_rejects_bad_observations(ref):
     good = _client_obs(ref, 0)
     parsed = parse_libero_request(good, 224, 8)
-    np.testing.assert_array_equal(parsed["image"], good["observation/image"].transpose(2, 0, 1))
+    np.testing.assert_array_equal(parsed["image"], good["observation/image"])
     chw = dict(good, **{"observation/image": good["observation/image"].transpose(2, 0, 1)})
     np.testing.assert_array_equal(parse_libero_request(chw, 224, 8)["image"], parsed["image"])
     cases = {"lacks key": {k: v for k, v in good.items() if k != "observation/wrist_image"},
@@ -167,15 +171,16 @@ def test_concurrent_clients_are_batched(ref):
             c._ws.close()
 
 
-def test_serve_policy_script_serves_openpi_client(ref, tmp_path):
-    """scripts/serve_policy.py as users launch it (tiny default), then openpi's client, /healthz, and shutdown."""
+@contextlib.contextmanager
+def _serve_script(tmp_path, *args):
+    """scripts/serve_policy.py as users launch it; yields the port once /healthz answers, stops it with SIGINT."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "scripts/serve_policy.py", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "scripts/serve_policy.py", "--host", "127.0.0.1", "--port", str(port),
+                             *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline, status = time.monotonic() + 120, None
         while status != 200 and time.monotonic() < deadline and proc.poll() is None:
@@ -187,11 +192,7 @@ def test_serve_policy_script_serves_openpi_client(ref, tmp_path):
             except OSError:
                 time.sleep(0.2)
         assert status == 200, (tmp_path / "server.log").read_text()[-3000:]
-        client = WebsocketClientPolicy(host="127.0.0.1", port=port)
-        assert client.get_server_metadata()["policy"] == "pi0-tiny-random"
-        out = client.infer(_client_obs(ref, 1))
-        assert out["actions"].shape == (50, 7) and np.isfinite(out["actions"]).all()
-        client._ws.close()
+        yield port
         assert proc.poll() is None  # still serving
     finally:
         proc.send_signal(signal.SIGINT)
@@ -201,3 +202,73 @@ def test_serve_policy_script_serves_openpi_client(ref, tmp_path):
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def test_serve_policy_script_serves_openpi_client(ref, tmp_path):
+    """scripts/serve_policy.py as users launch it (tiny default), then openpi's client, /healthz, and shutdown."""
+    with _serve_script(tmp_path) as port:
+        client = WebsocketClientPolicy(host="127.0.0.1", port=port)
+        assert client.get_server_metadata()["policy"] == "pi0-tiny-random"
+        out = client.infer(_client_obs(ref, 1))
+        assert out["actions"].shape == (50, 7) and np.isfinite(out["actions"]).all()
+        client._ws.close()
+
+
+@pytest.mark.slow
+def test_serve_policy_script_serves_a_converted_pi0fast(tmp_path):
+    """A converted pi0_fast_libero directory behind the script: openpi's client gets the policy's own actions,
+    which are openpi's (the fixture's raw observations, client arrays and final actions)."""
+    fast = GOLDEN / "openpi_pi0fast_libero_policy_tiny"
+    fref = dict(np.load(fast / "reference.npz"))
+    out_dir = tmp_path / "fast"
+    r = subprocess.run([sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir",
+                        str(GOLDEN / "openpi_pi0fast_tiny" / "checkpoint" / "params"), "--output_path", str(out_dir),
+                        "--openpi_config", "pi0_fast_libero", "--norm_stats", str(fast / "norm_stats.json"),
+                        "--tokenizer", str(fast / "tokenizer.model"), "--fast_tokenizer", str(fast / "fast_tokenizer")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    policy = load_policy(out_dir)
+    with _serve_script(tmp_path, "--checkpoint", str(out_dir)) as port:
+        client = WebsocketClientPolicy(host="127.0.0.1", port=port)
+        meta = client.get_server_metadata()
+        assert meta["model_type"] == "pi0fast" and meta["action_horizon"] == 10
+        for i in range(2):
+            out = client.infer(_client_obs(fref, i))
+            expected = predict_libero_action_chunk(policy, _env_obs(fref, i), str(fref["prompt"][i]))
+            np.testing.assert_array_equal(out["actions"], expected)
+            np.testing.assert_allclose(out["actions"], fref["actions"][i], rtol=0, atol=1e-12)
+        client._ws.close()
+
+
+def test_server_bounds_frames_and_checks_declared_arrays(ref):
+    """An oversized frame is refused unread (close 1009); an array whose dtype x shape disagrees with its bytes gets
+    the error frame and close 1011; the next client is served exactly."""
+    policy = tiny_policy()
+    noise, noise_fn = _fixed_noise(policy)
+    server = PolicyServer(LiberoServingPolicy(policy, noise_fn=noise_fn), host="127.0.0.1", port=0,
+                          max_frame_bytes=1 << 20)
+    good = _client_obs(ref, 0)
+    with server.running() as port:
+        big = WebsocketClientPolicy(host="127.0.0.1", port=port)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            big.infer(dict(good, **{"observation/image": np.zeros((1024, 1024, 3), np.uint8)}))  # 3 MiB > 1 MiB
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+        with ws_sync.connect(f"ws://127.0.0.1:{port}", compression=None) as ws:
+            ws.recv(timeout=10)  # metadata
+            lying = dict(good, **{"observation/image": {b"__ndarray__": True, b"data": b"\0" * 10, b"dtype": "|u1",
+                                                        b"shape": [224, 224, 3]}})
+            ws.send(msgpack.packb(lying, default=openpi_msgpack.pack_array))
+            frame = ws.recv(timeout=30)
+            assert isinstance(frame, str) and "declares uint8 (224, 224, 3) = 150528 bytes but carries 10" in frame
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+        for bad, message in (({b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}, "only numeric"),
+                             ({b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [-1]}, "non-negative")):
+            with pytest.raises(ValueError, match=message):
+                unpackb(msgpack.packb({"x": bad}))
+        second = WebsocketClientPolicy(host="127.0.0.1", port=port)
+        out = second.infer(good)
+        expected = predict_libero_action_chunk(policy, _env_obs(ref, 0), str(ref["prompt"][0]), noise=noise)
+        np.testing.assert_array_equal(out["actions"], expected)
+        second._ws.close()

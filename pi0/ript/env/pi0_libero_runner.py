@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from pi0.envs.conventions import LIBERO_GYM_IDS, EnvSpec, libero_env_spec, make_env_spec
-from pi0.libero_policy import Pi0ChunkPolicy, construct_pi0_observation, predict_libero_action_chunk
+from pi0.libero_policy import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
 from pi0.rollout.config import RunnerConfig, libero_runner_config
 from pi0.rollout.env_server import EnvFactory
 from pi0.rollout.runner import RolloutRunner
 from pi0.rollout.types import ChunkPolicy
 
 __all__ = ["LIBEROEnvRunner", "LIBERO_GYM_IDS", "EnvSpec", "libero_env_spec", "make_env_spec", "Pi0ChunkPolicy",
-           "construct_pi0_observation", "predict_libero_action_chunk"]
+           "construct_libero_observation", "predict_libero_action_chunk"]
 
 
 class LIBEROEnvRunner(RolloutRunner):

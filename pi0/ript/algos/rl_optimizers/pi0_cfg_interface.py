@@ -116,12 +116,11 @@ class PI0_CFG_Adapter:
     def demo_windows(self, episode: Episode, chunks: Sequence[np.ndarray]) -> list[Window]:
         """Expert episode + its full expert chunks (D, H, a) (one per decision) -> windows (label 0: SFT; ``success``:
         the demo's outcome, for a demo anchor)."""
-        from pi0.libero_policy import construct_pi0_observation
+        from pi0.libero_policy import construct_libero_observation
 
-        size = self.policy.config.model.vision.image_size
         out = []
         for d, chunk in zip(episode.decisions, chunks):
-            observation, arrays = construct_pi0_observation([d.obs], [episode.prompt], size)
+            observation, arrays = construct_libero_observation([d.obs], [episode.prompt], self.policy)
             inp = self.policy.prepare_inputs(observation)
             state = inp["state"][0].cpu().numpy()
             tgt, mask = self._target(np.asarray(chunk), np.ones(len(chunk), bool), state)

@@ -1,0 +1,243 @@
+"""Every GPU check in one command, for the first session that is lent a GPU (about 9 minutes on an H100).
+
+    python3 bench/gpu_suite.py --out runs/gpu_suite       # on the lent machine: CUDA, full-size bf16 figures
+    .venv/bin/python bench/gpu_suite.py --dry-run         # CPU, tiny configs, each step small (CI runs this)
+
+Each step runs in its own subprocess with a time budget, so one failure (or a missing package on the lent machine)
+never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one table:
+
+1. ``cuda_tests``: the CUDA-marked tests (``pytest -m cuda``: CUDA-graph and compile parity, float32 and bf16 on
+   the GPU against openpi's fixtures). Dry run: the selection is collected, not run.
+2. ``sampling_b1`` / ``sampling_b8``: full-size pi0 bf16 sampling latency, 2 cameras, 10 steps, batch 1 and 8:
+   eager KV-cached, FastSampler, ``torch.compile`` and CUDA graphs (``bench/sampling.py``), with the roofline ratio
+   (measured time over the time to read the weights once per call at the measured copy bandwidth).
+3. ``train_memory``: ``bench/train_memory.py --device cuda`` for each trainable mode, once that bench exists.
+4. ``eval_1env`` / ``eval_Nenv``: evaluation throughput, tiny policy on the GPU, subprocess envs on the host
+   cores (``scripts/6_batched_rollouts.py``): episodes per minute with N envs against 1. LIBERO when it is
+   installed, else the arena (the row says which).
+5. ``rl_iteration``: one RL iteration (collect, update, evaluate, checkpoint) with a tiny model on the GPU
+   (``8_train_with_epochs.py``), LIBERO when installed, else the arena.
+
+The lent machine has its own Python with torch but no network: packages it lacks (omegaconf, gymnasium, mujoco,
+...) travel as wheels; ``bench/README.md`` says how. A step whose imports fail reports ``missing: <module>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|deselected|error|errors)")
+
+
+def run(cmd: list[str], timeout: float, log: Path) -> tuple[int, str, float]:
+    """Run one command from the repo root -> (exit code, its output, seconds); 124 on timeout."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
+               PYOPENGL_PLATFORM=os.environ.get("PYOPENGL_PLATFORM", "egl"))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = 124
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out += f"\n[timed out after {timeout:.0f} s]"
+    seconds = time.perf_counter() - t0
+    log.write_text(f"$ {' '.join(cmd)}\n{out}")
+    return rc, out, seconds
+
+
+def missing_module(out: str) -> str | None:
+    """The module name of a ModuleNotFoundError in a step's output, if any."""
+    m = re.search(r"ModuleNotFoundError: No module named '([^']+)'", out)
+    return m.group(1) if m else None
+
+
+def status_of(rc: int, out: str) -> str:
+    """'ok', 'timeout', 'missing: <module>' or 'failed (rc N)'."""
+    if rc == 0:
+        return "ok"
+    if rc == 124:
+        return "timeout"
+    mod = missing_module(out)
+    return f"missing: {mod}" if mod else f"failed (rc {rc})"
+
+
+def libero_installed() -> bool:
+    """Whether the LIBERO simulator imports here (the lent machine usually lacks it: its assets are GBs)."""
+    return importlib.util.find_spec("libero") is not None
+
+
+# ---------------------------------------------------------------------------------------------------- steps
+def step_cuda_tests(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """pytest -m cuda (dry run: collect only)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests"]
+    if a.dry_run:
+        cmd.insert(4, "--collect-only")
+    rc, text, sec = run(cmd, a.budget("cuda_tests"), out / "cuda_tests.log")
+    counts = {k: int(n) for n, k in SUMMARY.findall(text)}
+    collected = re.search(r"(\d+)/\d+ tests collected", text)
+    ok = rc == 0 or (rc == 5 and a.dry_run)  # 5: nothing selected (a CPU build skips nothing at collection)
+    res = {"status": "ok" if ok else status_of(rc, text), "seconds": sec, **counts}
+    if collected:
+        res["selected"] = int(collected.group(1))
+    return res
+
+
+def sampling_step(batch: int) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
+    """bench/sampling.py at one batch size -> ms per path and the roofline ratio of the fastest."""
+
+    def step(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+        js = out / f"sampling_b{batch}.json"
+        if a.dry_run:
+            args = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", "1"]
+        else:
+            args = ["--config", "full", "--device", "cuda", "--dtype", "bfloat16", "--iters", "20", "--compile",
+                    "--compile_prefix"]
+        cmd = [sys.executable, "bench/sampling.py", *args, "--attn", "sdpa", "--batch", str(batch), "--cameras", "2",
+               "--num_steps", "10", "--no_recompute", "--json", str(js)]
+        rc, text, sec = run(cmd, a.budget(f"sampling_b{batch}"), out / f"sampling_b{batch}.log")
+        res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec}
+        if rc == 0 and js.is_file():
+            figs = json.loads(js.read_text())
+            res.update({f"{k} ms": round(v, 2) for k, v in figs["ms"].items()})
+            res.update(best=figs["best"], roofline_ms=round(figs["roofline_ms"], 3),
+                       best_over_roofline=round(figs["best_over_roofline"], 2))
+        return res
+
+    return step
+
+
+def step_train_memory(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """bench/train_memory.py per trainable mode, when the bench exists."""
+    if not (REPO / "bench" / "train_memory.py").is_file():
+        return {"status": "absent: bench/train_memory.py is not built yet"}
+    args = ["--config", "ci", "--device", "cpu"] if a.dry_run else ["--device", "cuda"]
+    rc, text, sec = run([sys.executable, "bench/train_memory.py", *args], a.budget("train_memory"),
+                        out / "train_memory.log")
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    return {"status": status_of(rc, text), "seconds": sec, "peaks": last if rc == 0 else ""}
+
+
+def eval_step(name: str, envs_of: Callable[[argparse.Namespace], int]
+              ) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
+    """Stage 6 with the tiny policy on the device and N subprocess envs -> episodes per minute."""
+
+    def step(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+        n = envs_of(a)
+        env = "libero" if libero_installed() else "arena"
+        episodes = 2 if a.dry_run else 16
+        steps = 10 if a.dry_run else 100
+        group = min(2, n)  # K rollouts per init state share a batched policy call (needs n >= K)
+        cmd = [sys.executable, "scripts/6_batched_rollouts.py", "--env", env, "--task_ids", "0", "--init_states",
+               str(episodes // group), "--group_size", str(group), "--num_envs", str(n), "--max_steps", str(steps),
+               "--device", a.device]
+        rc, text, sec = run(cmd, a.budget(name), out / f"{name}.log")
+        res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec, "env": env, "num_envs": n}
+        m = re.search(r"(\d+) episodes, .*?([\d.]+) env steps/s, policy time ([\d.]+)s of ([\d.]+)s", text)
+        if rc == 0 and m:
+            eps, sps, pol, wall = int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4))
+            res.update(episodes=eps, episodes_per_min=round(eps / wall * 60, 1), env_steps_per_s=sps,
+                       policy_s=pol, rollout_s=wall)
+        return res
+
+    return step
+
+
+def step_rl_iteration(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One RL iteration of stage 8 with a tiny model on the device."""
+    env = "libero" if libero_installed() else "arena"
+    task = ["task.env=libero", "task.suite=libero_spatial", "task.task_ids=[0]"] if env == "libero" else \
+        ["task.env=arena", "task.task_ids=[0]"]
+    cmd = [sys.executable, "8_train_with_epochs.py", *task, "features.enable_parallel_envs=true",
+           "env.runner.num_envs=2", f"env.runner.max_steps={10 if a.dry_run else 60}", "algo.iterations=1",
+           "algo.num_groups=1", "algo.group_size=2", "algo.max_collect_attempts=1", "task.eval_states=1",
+           "features.save_video=false", f"device={a.device}", f"logging.out_dir={out / 'rl'}"]
+    rc, text, sec = run(cmd, a.budget("rl_iteration"), out / "rl_iteration.log")
+    res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec, "env": env}
+    m = re.search(r"iter 1: success ([\d.]+)", text)
+    if m:
+        res["success"] = float(m.group(1))
+    if rc == 0 and "iter 1:" not in text:
+        res["status"] = "failed (no iteration logged)"
+    return res
+
+
+STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
+    "cuda_tests": step_cuda_tests,
+    "sampling_b1": sampling_step(1),
+    "sampling_b8": sampling_step(8),
+    "train_memory": step_train_memory,
+    "eval_1env": eval_step("eval_1env", lambda a: 1),
+    "eval_Nenv": eval_step("eval_Nenv", lambda a: a.num_envs),
+    "rl_iteration": step_rl_iteration,
+}
+# seconds each step may take on the lent machine (sum about 8.5 minutes); a dry run gets a third of each
+BUDGETS = {"cuda_tests": 90, "sampling_b1": 100, "sampling_b8": 100, "train_memory": 90, "eval_1env": 45,
+           "eval_Nenv": 45, "rl_iteration": 40}
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """One row per step: status, seconds and its figures."""
+    rows = [f"{'step':<14}{'status':<34}{'s':>7}  figures"]
+    for name, r in results.items():
+        figs = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("status", "seconds"))
+        sec = f"{r['seconds']:.0f}" if "seconds" in r else "-"
+        rows.append(f"{name:<14}{r['status'][:33]:<34}{sec:>7}  {figs}")
+    e1, en = results.get("eval_1env", {}), results.get("eval_Nenv", {})
+    if e1.get("episodes_per_min") and en.get("episodes_per_min"):
+        rows.append(f"eval throughput: {en['num_envs']} envs / 1 env = "
+                    f"{en['episodes_per_min'] / e1['episodes_per_min']:.2f}x episodes per minute ({en['env']})")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the steps, write the JSON, print the table; exit 1 if a step failed (a missing package is no failure)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny configs, every step small (CI)")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_suite")
+    p.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
+    p.add_argument("--num_envs", type=int, default=8, help="envs of the eval_Nenv step (dry run: 2)")
+    a = p.parse_args(argv)
+    a.device = "cpu" if a.dry_run else "cuda"
+    if a.dry_run:
+        a.num_envs = min(a.num_envs, 2)
+    a.budget = lambda name: BUDGETS[name] * (3 if a.dry_run else 1)  # CPU steps are slow; each still bounded
+    a.out.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {"dry_run": a.dry_run, "python": sys.version.split()[0], "libero": libero_installed()}
+    try:
+        import torch
+
+        info.update(torch=torch.__version__, cuda=torch.cuda.is_available(),
+                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    except ImportError:
+        info["torch"] = None
+    if not a.dry_run and not info.get("cuda"):
+        print("no CUDA device here: run with --dry-run on a CPU machine", file=sys.stderr)
+        return 2
+    print(f"gpu suite: {info}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    for name in a.steps:
+        print(f"-- {name}", flush=True)
+        results[name] = STEPS[name](a, a.out)
+        print(f"   {results[name]}", flush=True)
+    (a.out / "gpu_suite.json").write_text(json.dumps({"info": info, "steps": results}, indent=2))
+    print(table(results))
+    failed = [n for n, r in results.items() if not (r["status"] == "ok" or r["status"].startswith(("missing",
+                                                                                                     "absent")))]
+    print(f"wrote {a.out / 'gpu_suite.json'}; failed steps: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
