@@ -20,8 +20,9 @@ import torch
 
 from pi0.errors import UserError, require_path, run_cli
 from pi0.modeling_pi0 import PI0Policy
-from pi0.policies import MODEL_TYPES, load_policy, model_type_of, tiny_fast_policy
-from pi0.presets import synthetic_observation, tiny_policy
+from pi0.policies import MODEL_TYPES, load_policy, model_type_of
+from pi0.policies.presets import tiny_fast_policy
+from pi0.policies.presets import synthetic_observation, tiny_policy
 from pi0.utils.cli import parse_config
 
 

@@ -23,10 +23,10 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import torch  # noqa: E402
 
-from pi0.eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
+from pi0.evaluation.libero_eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
 from pi0.errors import require_path, run_cli  # noqa: E402
 from pi0.policies import load_policy  # noqa: E402
-from pi0.presets import tiny_policy  # noqa: E402
+from pi0.policies.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
 

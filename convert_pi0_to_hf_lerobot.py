@@ -23,8 +23,8 @@ import argparse
 import logging
 import time
 
-from pi0.conversion import convert_checkpoint
-from pi0.conversion_pi0fast import maybe_convert_pi0fast
+from pi0.conversion.pi0 import convert_checkpoint
+from pi0.conversion.pi0fast import maybe_convert_pi0fast
 from pi0.errors import run_cli
 
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 from pi0.modeling_pi0 import PI0Model
 from pi0.modeling_pi0fast import PI0FASTModel, Pi0FASTConfig
 

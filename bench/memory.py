@@ -39,7 +39,7 @@ def vm_status(field: str) -> int:
 
 def ci_config():
     """A few hundred MB of pi0 (bf16): same structure as the real model, smaller widths and vocab."""
-    from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
+    from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 
     return Pi0Config(paligemma=GemmaConfig(1024, 4, 4096, 8, 1, 128), action_expert=GemmaConfig(512, 4, 2048, 8, 1, 128),
                      vision=SiglipConfig.from_variant("B/16"), vocab_size=32_000)
@@ -52,10 +52,10 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     import pi0
-    from pi0.config import Pi0Config
+    from pi0.models.config import Pi0Config
     from pi0.modeling_pi0 import PI0Policy, PolicyConfig, default_norm_stats
 
-    from pi0.presets import tiny_tokenizer
+    from pi0.policies.presets import tiny_tokenizer
 
     # Warm-up, so the baseline holds the constant costs every step pays whatever the model size: sentencepiece,
     # CPU kernels, and torch's meta-tensor decompositions (~70 MB of Python modules imported on first meta init).
@@ -67,11 +67,11 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
     ckpt, out = work / f"openpi_ckpt_{stored}", work / f"converted_{dtype}"
     base, t0, info = vm_status("VmRSS"), time.perf_counter(), {}
     if name == "write":
-        from pi0.openpi_zero import openpi_param_shapes, write_zero_checkpoint
+        from pi0.conversion.zero_checkpoint import openpi_param_shapes, write_zero_checkpoint
 
         write_zero_checkpoint(openpi_param_shapes(cfg), ckpt, dtype=stored)
     elif name == "convert":
-        from pi0.conversion import convert_checkpoint
+        from pi0.conversion.pi0 import convert_checkpoint
 
         convert_checkpoint(ckpt / "params", out, dtype=dtype, delta_action_dims=6)
     elif name == "load":

@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
-from pi0.fast_sampler import FastSampler, copy_bandwidth, weight_bytes_per_call
+from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.models.fast_sampler import FastSampler, copy_bandwidth, weight_bytes_per_call
 from pi0.modeling_pi0 import PI0Model
 
 # name -> (paligemma, expert, vision, vocab); "mid" is a 4-layer 2B-width model for CPU profiles.
@@ -79,7 +79,7 @@ def profile_table(sampler: FastSampler, inputs: tuple, device: str) -> None:
         sync(device)
         wall = (time.perf_counter() - t) * 1000
     rows = {e.key: e for e in prof.key_averages() if e.key.startswith("pi0.")}
-    order = sorted(rows, key=lambda k: (not k.startswith("pi0.siglip"), not k.startswith("pi0.prefix"),
+    order = sorted(rows, key=lambda k: (not k.startswith("pi0.models.siglip"), not k.startswith("pi0.prefix"),
                                         int(k.rsplit("_", 1)[-1]) if k[-1].isdigit() else -1))
     dev = device.startswith("cuda")
     print(f"\nprofile of one call (wall {wall:.1f} ms; host time per stage{' + device time' if dev else ''}):")

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
-from pi0.libero_policy import Pi0ChunkPolicy  # noqa: E402
+from pi0.policies.libero import Pi0ChunkPolicy  # noqa: E402
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter  # noqa: E402
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG  # noqa: E402
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, cached_warm_start, evaluate  # noqa: E402

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from pi0.debug import save_observation_pipeline  # noqa: E402
+from pi0.evaluation.debug import save_observation_pipeline  # noqa: E402
 from pi0.envs.libero_env import LiberoEnv  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
-from pi0.presets import tiny_policy  # noqa: E402
+from pi0.policies.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
 

@@ -22,9 +22,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
-from pi0.presets import tiny_policy  # noqa: E402
+from pi0.policies.presets import tiny_policy  # noqa: E402
 from pi0.envs import make_env_spec  # noqa: E402
-from pi0.libero_policy import Pi0ChunkPolicy  # noqa: E402
+from pi0.policies.libero import Pi0ChunkPolicy  # noqa: E402
 from pi0.rollout import RolloutRunner, ript_vla_runner_config  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from pi0.debug import compare_sessions, format_report
+from pi0.evaluation.debug import compare_sessions, format_report
 
 
 @dataclass

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from pi0.policies import load_policy
-from pi0.presets import tiny_policy
-from pi0.serving import DEFAULT_MAX_FRAME_BYTES, LiberoServingPolicy, PolicyServer
+from pi0.policies.presets import tiny_policy
+from pi0.serving.websocket_server import DEFAULT_MAX_FRAME_BYTES, LiberoServingPolicy, PolicyServer
 from pi0.utils.cli import parse_config
 
 

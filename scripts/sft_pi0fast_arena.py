@@ -3,7 +3,7 @@
 Adds: pi0-FAST training (cross-entropy on the action-token postfix) end to end: expert demos through the
 rollout engine (``ArenaExpertPolicy`` + ``RolloutRunner``), norm stats and a FAST tokenizer fitted on them,
 a tiny from-scratch pi0-FAST, and success rates of the trained policy vs a random policy on the same
-init states (also through the runner, via ``pi0.policies.PolicyChunkAdapter``).
+init states (also through the runner, via ``pi0.policies.libero.Pi0ChunkPolicy``).
 
     python scripts/sft_pi0fast_arena.py                                  # defaults (CPU, ~20-30 min)
     python scripts/sft_pi0fast_arena.py --init_from outputs/sft_pi0fast_arena/policy --lr 5e-4 \
@@ -25,14 +25,14 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from pi0.config import SiglipConfig
+from pi0.models.config import SiglipConfig
 from pi0.envs import EnvSpec
-from pi0.fast_tokenizer import FASTTokenizer
+from pi0.policies.fast_tokenizer import FASTTokenizer
 from pi0.modeling_pi0fast import Pi0FASTConfig
-from pi0.normalize import Stats, normalize
-from pi0.policies import PolicyChunkAdapter
-from pi0.policy_pi0fast import FASTPolicyConfig, PI0FASTPolicy
-from pi0.presets import tiny_tokenizer
+from pi0.policies.normalize import Stats, normalize
+from pi0.policies.libero import Pi0ChunkPolicy
+from pi0.policies.pi0fast import FASTPolicyConfig, PI0FASTPolicy
+from pi0.policies.presets import tiny_tokenizer
 from pi0.rollout import RolloutRunner, RunnerConfig
 from pi0.rollout.policies import RandomChunkPolicy, collect_expert_demos
 from pi0.transforms import libero_client_obs
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
             final_loss = train(cfg, policy, demos, writer)
         policy.save_pretrained(out / "policy")
     random_res = evaluate(cfg, spec, RandomChunkPolicy(cfg.horizon, 7, seed=cfg.seed), "random policy")
-    trained_res = evaluate(cfg, spec, PolicyChunkAdapter(policy), "trained pi0-FAST")
+    trained_res = evaluate(cfg, spec, Pi0ChunkPolicy(policy), "trained pi0-FAST")
     results = {"config": asdict(cfg), "final_train_loss": final_loss, "random": random_res, "trained": trained_res}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"final train loss {final_loss:.3f}; success trained {trained_res['success_rate']:.1%} vs random "

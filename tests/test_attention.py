@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from pi0.attention import BIG_NEG, apply_rope, attention, make_attn_mask, make_positions
+from pi0.models.attention import BIG_NEG, apply_rope, attention, make_attn_mask, make_positions
 
 
 def test_make_attn_mask_prefix_state_actions():

@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from pi0.checkpoint_io import SafetensorsWriter, load_safetensors_into, read_safetensors_header
+from pi0.utils.checkpoint_io import SafetensorsWriter, load_safetensors_into, read_safetensors_header
 from pi0.modeling_pi0 import PI0Policy, param_storage_dtype
-from pi0.presets import tiny_policy
+from pi0.policies.presets import tiny_policy
 
 
 def _tensors():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import PI0_TINY, REPO, model_inputs
-from pi0.config import Pi0Config
-from pi0.conversion import convert_params, infer_config, key_rules, read_orbax_params
+from pi0.models.config import Pi0Config
+from pi0.conversion.pi0 import convert_params, infer_config, key_rules, read_orbax_params
 from pi0.modeling_pi0 import PI0Model, PI0Policy
 
 CFG = Pi0Config.tiny()
@@ -149,7 +149,7 @@ def test_converter_cli_errors(tmp_path):
 
 def test_experts_of_different_widths_share_attention():
     """Like the real model (Gemma 2B width 2048 + 300M expert width 1024): joint attention needs only equal heads."""
-    from pi0.config import GemmaConfig
+    from pi0.models.config import GemmaConfig
 
     cfg = Pi0Config.tiny(paligemma=GemmaConfig(96, 2, 128, 4, 1, 16), action_expert=GemmaConfig(48, 2, 64, 4, 1, 16),
                          action_horizon=8, action_dim=6)
@@ -177,7 +177,7 @@ def test_experts_of_different_widths_share_attention():
 def test_flatten_tree_strips_value_and_keeps_bf16():
     import ml_dtypes
 
-    from pi0.conversion import flatten_tree
+    from pi0.conversion.pi0 import flatten_tree
 
     bf = np.array([1.5, -2.25], dtype=ml_dtypes.bfloat16)
     flat = flatten_tree({"PaliGemma": {"llm": {"w": {"value": bf}}}, "state_proj": {"bias": np.ones(2)}})
@@ -192,7 +192,7 @@ def test_streamed_file_equals_in_memory_key_map(converted_tiny, flat, tmp_path):
     """The streaming converter writes exactly convert_params' tensors (float32), and their bf16 cast."""
     from safetensors.torch import load_file
 
-    from pi0.conversion import convert_checkpoint
+    from pi0.conversion.pi0 import convert_checkpoint
     from pi0.modeling_pi0 import param_storage_dtype
 
     ref = convert_params(flat, infer_config(flat))
@@ -213,8 +213,8 @@ def test_full_size_plan_from_shapes_only():
     import json
 
     from conftest import GOLDEN
-    from pi0.conversion import plan_conversion
-    from pi0.openpi_zero import openpi_param_shapes
+    from pi0.conversion.pi0 import plan_conversion
+    from pi0.conversion.zero_checkpoint import openpi_param_shapes
 
     shapes = {k: tuple(v) for k, v in json.loads((GOLDEN / "openpi_pi0_full_shapes.json").read_text())["shapes"].items()}
     view = {k: np.broadcast_to(np.zeros((), np.float32), s) for k, s in shapes.items()}  # zero-stride: no memory
@@ -233,7 +233,7 @@ def test_full_size_plan_from_shapes_only():
 
 @pytest.fixture(scope="module")
 def zero_tiny_shapes():
-    from pi0.openpi_zero import openpi_param_shapes
+    from pi0.conversion.zero_checkpoint import openpi_param_shapes
 
     return openpi_param_shapes(CFG)
 
@@ -244,8 +244,8 @@ def zero_tiny_shapes():
     (lambda s: s.update({"state_proj/bias": (63,)}), "shape mismatch for state_proj.bias"),
 ])
 def test_streaming_converter_strictness_before_writing(tmp_path, zero_tiny_shapes, edit, match):
-    from pi0.conversion import convert_checkpoint
-    from pi0.openpi_zero import write_zero_checkpoint
+    from pi0.conversion.pi0 import convert_checkpoint
+    from pi0.conversion.zero_checkpoint import write_zero_checkpoint
 
     shapes = dict(zero_tiny_shapes)
     edit(shapes)
@@ -256,8 +256,8 @@ def test_streaming_converter_strictness_before_writing(tmp_path, zero_tiny_shape
 
 
 def test_unknown_asset_id_needs_delta_action_dims(tmp_path, zero_tiny_shapes):
-    from pi0.conversion import convert_checkpoint
-    from pi0.openpi_zero import write_zero_checkpoint
+    from pi0.conversion.pi0 import convert_checkpoint
+    from pi0.conversion.zero_checkpoint import write_zero_checkpoint
 
     params = write_zero_checkpoint(zero_tiny_shapes, tmp_path / "ckpt", asset_id="trossen")
     with pytest.raises(ValueError, match="asset id 'trossen'") as e:

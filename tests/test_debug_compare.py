@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import LIBERO_TINY, REPO
-from pi0.debug import compare_sessions, write_debug_session
-from pi0.libero_policy import Pi0ChunkPolicy
-from pi0.presets import tiny_policy
+from pi0.evaluation.debug import compare_sessions, write_debug_session
+from pi0.policies.libero import Pi0ChunkPolicy
+from pi0.policies.presets import tiny_policy
 from pi0.rollout.types import DecisionPoint, Episode
 
 

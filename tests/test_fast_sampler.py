@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import model_inputs
-from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
-from pi0.fast_sampler import (FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding,
+from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.models.fast_sampler import (FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding,
                               weight_bytes_per_call)
 from pi0.modeling_pi0 import PI0Model, PI0Policy
-from pi0.presets import synthetic_observation, tiny_policy
+from pi0.policies.presets import synthetic_observation, tiny_policy
 
 ATOL = 1e-5  # the bound for float32 parity
 

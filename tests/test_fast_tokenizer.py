@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from pi0.fast_tokenizer import FASTTokenizer, coefficients_to_chunk, dct_coefficients, synthetic_chunks
+from pi0.policies.fast_tokenizer import FASTTokenizer, coefficients_to_chunk, dct_coefficients, synthetic_chunks
 
 SCALE = 10.0
 
@@ -110,7 +110,7 @@ def test_cli_fit_and_roundtrip(tmp_path):
     data = tmp_path / "chunks.npy"
     np.save(data, synthetic_chunks(100, 8, 3, seed=1))
     out = tmp_path / "tok"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "pi0.fast_tokenizer", *a], capture_output=True,  # noqa
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pi0.policies.fast_tokenizer", *a], capture_output=True,  # noqa
                                     text=True, check=False)
     r = run("fit", "--data", str(data), "--out", str(out), "--vocab_size", "300")
     assert r.returncode == 0, r.stderr
@@ -122,7 +122,7 @@ def test_cli_fit_and_roundtrip(tmp_path):
 
 
 def test_clean_up_tokenization_by_hand():
-    from pi0.fast_tokenizer import clean_up_tokenization
+    from pi0.policies.fast_tokenizer import clean_up_tokenization
 
     assert clean_up_tokenization("a . b ? c ! d , e ' f n't g 'm h 's i 've j 're") == \
         "a. b? c! d, e'fn't g'm h's i've j're"

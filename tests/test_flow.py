@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pi0.flow import euler_integrate, flow_matching_pair, posemb_sincos, sample_time
+from pi0.models.flow import euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 
 
 def test_posemb_sincos_hand_computed():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import LIBERO_TINY
-from pi0.libero_policy import construct_libero_observation, predict_libero_action_chunk
+from pi0.policies.libero import construct_libero_observation, predict_libero_action_chunk
 from pi0.modeling_pi0 import PI0Policy
 
 

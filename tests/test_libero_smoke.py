@@ -7,8 +7,8 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from pi0.eval import EvalConfig, check_tasks, evaluate_libero
-from pi0.presets import tiny_policy
+from pi0.evaluation.libero_eval import EvalConfig, check_tasks, evaluate_libero
+from pi0.policies.presets import tiny_policy
 
 pytestmark = pytest.mark.libero
 

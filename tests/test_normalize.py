@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pi0.normalize import Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
+from pi0.policies.normalize import Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
 
 S = Stats(mean=np.array([1.0, -2.0]), std=np.array([2.0, 0.5]), q01=np.array([-1.0, 0.0]), q99=np.array([3.0, 1.0]))
 

@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from pi0.envs.conventions import CAMERA_KEYS, PROPRIO_KEYS, WAIT_ACTION  # noqa: E402
-from pi0.eval import EvalConfig, runner_setup  # noqa: E402
+from pi0.evaluation.libero_eval import EvalConfig, runner_setup  # noqa: E402
 from pi0.rollout.config import RunnerConfig  # noqa: E402
 from pi0.rollout.scheduler import TaskOrderScheduler, make_requests, make_scheduler  # noqa: E402
 

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from conftest import GOLDEN, PI0_TINY, REPO
-from pi0.conversion_pi0fast import convert_fast_params, infer_fast_config, is_pi0fast_tree
+from pi0.conversion.pi0fast import convert_fast_params, infer_fast_config, is_pi0fast_tree
 from pi0.modeling_pi0fast import PI0FASTModel, Pi0FASTConfig
-from pi0.policies import load_policy, model_type_of, tiny_fast_policy
-from pi0.policy_pi0fast import PI0FASTPolicy, discretize_state
-from pi0.presets import synthetic_observation
+from pi0.policies import load_policy, model_type_of
+from pi0.policies.presets import tiny_fast_policy
+from pi0.policies.pi0fast import PI0FASTPolicy, discretize_state
+from pi0.policies.presets import synthetic_observation
 
 FAST_TINY = GOLDEN / "openpi_pi0fast_tiny"
 CAMS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -49,7 +50,7 @@ def _convert_cmd(out, *extra):
 def converted(tmp_path_factory):
     """The fixture converted through the same CLI as pi0 (pi0-FAST detected from the tree), with a FAST tokenizer
     fitted here and passed explicitly (the model-level parity does not depend on which one)."""
-    from pi0.fast_tokenizer import FASTTokenizer, synthetic_chunks
+    from pi0.policies.fast_tokenizer import FASTTokenizer, synthetic_chunks
 
     root = tmp_path_factory.mktemp("fast")
     FASTTokenizer.fit(list(synthetic_chunks(256, 10, 7)), vocab_size=480).save_pretrained(root / "fast_tok")
@@ -108,7 +109,7 @@ def test_parity_loss_and_greedy_tokens(converted, ref):
 
 
 def test_conversion_strictness(ref):
-    from pi0.conversion import read_orbax_params
+    from pi0.conversion.pi0 import read_orbax_params
 
     flat = read_orbax_params(_need(FAST_TINY / "checkpoint" / "params"))
     assert is_pi0fast_tree(flat) and not is_pi0fast_tree(list(flat) + ["PaliGemma/llm/final_norm_1/scale"])
@@ -129,7 +130,7 @@ def test_conversion_strictness(ref):
 
 
 def test_q_einsum_and_kv_map_by_hand():
-    from pi0.conversion_pi0fast import _rules
+    from pi0.conversion.pi0fast import _rules
 
     q = np.arange(1 * 2 * 3 * 4, dtype=np.float32).reshape(1, 2, 3, 4)  # (L, N, D, H)
     (name, w), = list(_rules()["PaliGemma/llm/layers/attn/q_einsum/w"](q))
@@ -178,7 +179,7 @@ def test_loss_is_masked_cross_entropy_on_postfix():
     loss = m.compute_loss(images, masks, tokens, tmask, ar, loss_mask)
     # by hand: log-softmax of the tied-embedding logits at every position, mean over the masked targets
     emb, mask, arr = m.embed_inputs(images, masks, tokens, tmask, ar)
-    from pi0.attention import make_attn_mask
+    from pi0.models.attention import make_attn_mask
     t = emb.shape[1] - 1
     pre, _ = m.transformer(emb[:, :-1], make_attn_mask(mask, arr)[:, :-1, :-1], torch.arange(t)[None].repeat(2, 1))
     logits = pre[:, -(tokens.shape[1] - 1):] @ m.lm.embed_tokens.weight.T
@@ -286,18 +287,17 @@ def _arena_obs(n=2):
     return [obs] * n, [env.prompt] * n
 
 
-def test_rollout_adapters_take_pi0fast():
-    """The rollout engine's ChunkPolicy adapters (ours and stage 2's Pi0ChunkPolicy) drive a PI0FASTPolicy."""
-    from pi0.libero_policy import Pi0ChunkPolicy
-    from pi0.policies import PolicyChunkAdapter
+def test_rollout_adapter_takes_pi0fast():
+    """The rollout engine's ChunkPolicy (stage 2's and the runner's) drives a PI0FASTPolicy."""
+    from pi0.policies.libero import Pi0ChunkPolicy
 
     policy = tiny_fast_policy(max_decoding_steps=3)
     obs, prompts = _arena_obs()
-    out = PolicyChunkAdapter(policy).predict_chunks(obs, prompts)
+    out = Pi0ChunkPolicy(policy, torch.Generator().manual_seed(0)).predict_chunks(obs, prompts)
     assert out.actions.shape == (2, 10, 7) and out.extras["output_tokens"].shape == (2, 3)
     assert out.extras["ok"].tolist() == [False, False]  # untrained: flagged, not raised
-    out2 = Pi0ChunkPolicy(policy, torch.Generator().manual_seed(0)).predict_chunks(obs, prompts)
-    np.testing.assert_allclose(out2.actions, out.actions)  # greedy: same chunk through both adapters
+    again = Pi0ChunkPolicy(policy).predict_chunks(obs, prompts)
+    np.testing.assert_allclose(again.actions, out.actions)  # greedy: the generator does not matter
 
 
 @pytest.mark.slow

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from conftest import GOLDEN, REPO
-from pi0.libero_policy import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
+from pi0.policies.libero import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
 from pi0.policies import load_policy
-from pi0.policy_pi0fast import discretize_state
+from pi0.policies.pi0fast import discretize_state
 
 FIX = GOLDEN / "openpi_pi0fast_libero_policy_tiny"
 CKPT = GOLDEN / "openpi_pi0fast_tiny" / "checkpoint" / "params"
@@ -76,7 +76,7 @@ def test_model_inputs_match_openpi(policy, ref):
         np.testing.assert_array_equal(img.permute(0, 2, 3, 1).numpy(), ref[f"model_input/image/{key}"])
         np.testing.assert_array_equal(mask.numpy(), ref[f"model_input/image_mask/{key}"])
     assert inp["img_masks"][2].all()  # pi0-FAST: the zero right-wrist image is NOT masked (openpi LiberoInputs)
-    from pi0.normalize import normalize
+    from pi0.policies.normalize import normalize
 
     state_norm = normalize(inp["raw_state"], policy.norm_stats["state"], "quantile").numpy()
     np.testing.assert_array_equal(state_norm, ref["transformed/state_normalized"])  # bit-identical formula

@@ -1,7 +1,6 @@
 """PI0Policy: tokenizer format, save/load, action queue and clear errors on bad input."""
 
 import json
-import warnings
 
 import numpy as np
 import pytest
@@ -9,8 +8,8 @@ import torch
 
 from conftest import LIBERO_TINY
 from pi0.modeling_pi0 import PI0Policy
-from pi0.presets import synthetic_observation, tiny_policy
-from pi0.tokenizer import PaligemmaTokenizer, clean_prompt
+from pi0.policies.presets import synthetic_observation, tiny_policy
+from pi0.policies.tokenizer import PaligemmaTokenizer, clean_prompt
 
 
 @pytest.fixture(scope="module")

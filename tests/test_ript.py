@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pi0.flow import cfg_combine
+from pi0.models.flow import cfg_combine
 from pi0.modeling_pi0 import PI0Policy
 from pi0.rollout import ArenaExpertPolicy, DecisionPoint, Episode
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import (PI0_CFG_Adapter, cfg_condition_inputs,
@@ -283,7 +283,7 @@ def test_noisy_demos_execute_noise_but_keep_clean_expert_labels():
 def test_scratch_init_norms_identity_and_lecun_weights():
     from torch import nn
 
-    from pi0.gemma import RMSNorm
+    from pi0.models.gemma import RMSNorm
     pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2,
                                             init="scratch"), default_norm_stats(8, 7))
     m = pol.model

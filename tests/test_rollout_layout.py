@@ -92,4 +92,88 @@ def test_imports_flow_one_way():
         if rel.startswith("pi0/envs/"):
             assert not used & {"rollout", "ript", "eval"}, rel
         if rel.startswith("pi0/rollout/"):
-            assert not used & {"ript", "eval", "modeling_pi0", "libero_policy"}, rel
+            assert not used & {"ript", "evaluation", "models", "policies", "modeling_pi0", "libero_policy"}, rel
+        for layer, forbidden in LAYER_RULES.items():
+            if rel.startswith(f"pi0/{layer}/"):
+                assert not used & forbidden, f"{rel} imports {sorted(used & forbidden)}"
+
+
+# What each layer must not import (first component after ``pi0.``): the model layer is the bottom; policies sit on
+# it; conversion and serving sit above policies; nothing but the RL entry points imports ript (checked above).
+SHIMS = {"modeling_pi0", "modeling_pi0fast", "libero_policy"}  # public re-export paths, for users only
+LAYER_RULES = {
+    "models": {"policies", "conversion", "serving", "evaluation", "rollout", "envs", "ript", "utils", *SHIMS},
+    "policies": {"conversion", "serving", "evaluation", "ript", "envs", *SHIMS},
+    "conversion": {"serving", "evaluation", "rollout", "envs", "ript", *SHIMS},
+    "serving": {"conversion", "evaluation", "envs", "ript", *SHIMS},
+    "evaluation": {"conversion", "serving", "ript", *SHIMS},
+}
+
+
+def _module_imports(path: Path) -> set[str]:
+    """pi0 modules a file imports at module level (``from pi0.a.b import c`` -> pi0.a.b or pi0.a.b.c)."""
+    import ast
+
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pi0"):
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("pi0")]
+        for name in names:
+            rel = Path(*name.split("."))
+            if (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file():
+                out.add(name)
+    return out
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def test_no_import_cycle_in_the_package():
+    """Module-level imports of pi0 (a package's __init__ counts as imported with it) form no cycle."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "pi0").rglob("*.py"):
+        mod = _module_name(path)
+        deps = _module_imports(path)
+        parents = {".".join(d.split(".")[:i]) for d in deps for i in range(2, d.count(".") + 1)}
+        own = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 2)}  # its own packages run first
+        graph[mod] = (deps | parents) - own
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(d):] + [m, d])}")
+            if d not in state:
+                visit(d, stack + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+
+
+def test_layer_rule_catches_a_model_importing_a_policy(tmp_path):
+    """The rule is live: a model-layer file that imports a policy is flagged."""
+    bad = "from pi0.policies.pi0 import PI0Policy\n"
+    used = {m.group(2) for m in re.finditer(r"^\s*(from|import) pi0\.(\w+)", bad, re.M)}
+    assert used & LAYER_RULES["models"] == {"policies"}
+
+
+def test_public_import_paths():
+    from pi0.libero_policy import predict_libero_action_chunk
+    from pi0.modeling_pi0 import PI0Policy
+    from pi0.modeling_pi0fast import PI0FASTModel, PI0FASTPolicy
+    from pi0.policies import load_policy
+    from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
+    from pi0.ript.reward_function import BinarySuccessReward
+
+    assert PI0Policy.__module__ == "pi0.policies.pi0" and PI0FASTPolicy.__module__ == "pi0.policies.pi0fast"
+    assert PI0FASTModel.__module__ == "pi0.models.pi0fast" and callable(load_policy)
+    assert predict_libero_action_chunk.__module__ == "pi0.policies.libero"
+    assert FileGlobalCounter and BinarySuccessReward

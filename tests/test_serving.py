@@ -19,11 +19,11 @@ from openpi_client import msgpack_numpy as openpi_msgpack
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from conftest import GOLDEN, LIBERO_TINY, REPO
-from pi0.libero_policy import predict_libero_action_chunk
+from pi0.policies.libero import predict_libero_action_chunk
 from pi0.modeling_pi0 import PI0Policy
 from pi0.policies import load_policy
-from pi0.presets import tiny_policy
-from pi0.serving import LiberoServingPolicy, PolicyServer, packb, parse_libero_request, unpackb
+from pi0.policies.presets import tiny_policy
+from pi0.serving.websocket_server import LiberoServingPolicy, PolicyServer, packb, parse_libero_request, unpackb
 
 # openpi-client 0.1.2 calls websockets' connect() the pre-14 way (still supported, with this warning).
 pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pi0.libero_policy import Pi0ChunkPolicy
-from pi0.modeling_pi0 import PI0Policy
+from pi0.policies.libero import Pi0ChunkPolicy
+from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG

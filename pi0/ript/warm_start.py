@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pi0.config import GemmaConfig, Pi0Config, SiglipConfig
-from pi0.libero_policy import Pi0ChunkPolicy
-from pi0.modeling_pi0 import PI0Policy, PolicyConfig
-from pi0.normalize import NormStats, Stats
-from pi0.presets import default_cache_dir, tiny_tokenizer
+from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.policies.libero import Pi0ChunkPolicy
+from pi0.policies.pi0 import PI0Policy, PolicyConfig
+from pi0.policies.normalize import NormStats, Stats
+from pi0.policies.presets import default_cache_dir, tiny_tokenizer
 from pi0.envs import make_env_spec
 from pi0.rollout import Episode, RolloutRunner, RunnerConfig
 from pi0.rollout.policies import collect_expert_demos

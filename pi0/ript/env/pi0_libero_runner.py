@@ -1,6 +1,6 @@
 """Seed import path of the greedy LIBERO runner: ``LIBEROEnvRunner`` is the shared runner with the
 :func:`~pi0.rollout.config.libero_runner_config` preset. The env specs (:mod:`pi0.envs`) and openpi's
-pi0_libero policy path (:mod:`pi0.libero_policy`) are re-exported here for the seed's imports.
+pi0_libero policy path (:mod:`pi0.policies.libero`) are re-exported here for the seed's imports.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pi0.envs.conventions import LIBERO_GYM_IDS, EnvSpec, libero_env_spec, make_env_spec
-from pi0.libero_policy import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
+from pi0.policies.libero import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
 from pi0.rollout.config import RunnerConfig, libero_runner_config
 from pi0.rollout.env_server import EnvFactory
 from pi0.rollout.runner import RolloutRunner

@@ -90,7 +90,7 @@ def check_checkpoint(cfg: TrainConfig) -> Check:
         return Check("checkpoint", False, f"{ck} lacks {', '.join(missing)}",
                      "convert weights with convert_pi0_to_hf_lerobot.py (it writes all four files)")
     try:
-        from pi0.modeling_pi0 import PI0Policy
+        from pi0.policies.pi0 import PI0Policy
         t0 = time.perf_counter()
         PI0Policy.from_pretrained(ck)
         return Check("checkpoint", True, f"{ck} loads ({time.perf_counter() - t0:.1f}s)")

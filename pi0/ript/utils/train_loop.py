@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import torch.distributed as dist
 
 from pi0.envs import make_env_spec
 from pi0.errors import UserError
-from pi0.modeling_pi0 import PI0Policy
+from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
 from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
@@ -59,7 +58,7 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> tuple[PI0Policy, list | 
     if t.checkpoint:
         return PI0Policy.from_pretrained(t.checkpoint, device=info.device), None
     if t.env == "libero":
-        from pi0.presets import tiny_policy
+        from pi0.policies.presets import tiny_policy
         return tiny_policy().to(info.device), None
     from pi0.ript.warm_start import TinyArenaConfig, WarmStop, cached_warm_start
 
@@ -217,7 +216,7 @@ def plot_curve(curve: list[dict[str, float]], path: Path) -> Path:
 
 def write_videos(cfg: TrainConfig, policy: PI0Policy, trainer: RIPTTrainer, out: Path) -> list[Path]:
     """Roll out ``logging.num_videos`` held-out (or training) states with frames and write mp4s (rank 0)."""
-    from pi0.libero_policy import Pi0ChunkPolicy
+    from pi0.policies.libero import Pi0ChunkPolicy
     from pi0.utils.video import write_video
 
     states = (trainer.eval_states or trainer.rollouts.sampler.pairs)[: cfg.logging.num_videos]

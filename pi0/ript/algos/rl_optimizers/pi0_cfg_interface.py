@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pi0.flow import sample_time
-from pi0.modeling_pi0 import PI0Policy
-from pi0.normalize import normalize, unnormalize
+from pi0.models.flow import sample_time
+from pi0.policies.pi0 import PI0Policy
+from pi0.policies.normalize import normalize, unnormalize
 from pi0.rollout import Episode
 
 Window = dict[str, Any]
@@ -96,7 +96,7 @@ class PI0_CFG_Adapter:
         for d in episode.decisions:
             ex = d.extras
             if "model_actions" not in ex:
-                raise ValueError("episode decisions lack Pi0ChunkPolicy extras (collect with pi0.libero_policy."
+                raise ValueError("episode decisions lack Pi0ChunkPolicy extras (collect with pi0.policies.libero."
                                  "Pi0ChunkPolicy)")
             noise = None
             if self.target == "model_actions":
@@ -116,7 +116,7 @@ class PI0_CFG_Adapter:
     def demo_windows(self, episode: Episode, chunks: Sequence[np.ndarray]) -> list[Window]:
         """Expert episode + its full expert chunks (D, H, a) (one per decision) -> windows (label 0: SFT; ``success``:
         the demo's outcome, for a demo anchor)."""
-        from pi0.libero_policy import construct_libero_observation
+        from pi0.policies.libero import construct_libero_observation
 
         out = []
         for d, chunk in zip(episode.decisions, chunks):

@@ -1,0 +1,282 @@
+"""openpi pi0-FAST params (flat name -> array) -> ``PI0FASTModel`` state dict, strictly; and the checkpoint driver.
+
+A pi0-FAST tree is PaliGemma alone: ``PaliGemma/img/...`` (SigLIP + head) and ``PaliGemma/llm/...``
+(one Gemma, no ``_1`` expert, no action projections). Layers are scanned (leading depth axis).
+``convert_pi0_to_hf_lerobot.py`` dispatches here when ``is_pi0fast_tree`` holds.
+
+What the tree cannot say is required up front, before any array is read: the FAST action tokenizer the
+checkpoint was trained with (its action token ids are defined by it), and the action horizon / token budget
+(``--openpi_config NAME`` or explicit flags). The converted config.json states ``decode_position_offset: 1``:
+openpi serves pi0-FAST with decoded token s at position prefill_len + s + 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from pi0.conversion.openpi_configs import OpenpiConfig, get_openpi_config, names_for
+from pi0.conversion.pi0 import OrbaxParams, find_norm_stats, read_orbax_params, resolve_delta_action_dims
+from pi0.errors import MissingPathError, UserError
+from pi0.models.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, SiglipConfig
+from pi0.models.pi0fast import PI0FASTModel, Pi0FASTConfig
+from pi0.policies.fast_tokenizer import FASTTokenizer
+from pi0.policies.normalize import load_norm_stats
+from pi0.policies.pi0fast import FASTPolicyConfig, PI0FASTPolicy
+
+log = logging.getLogger(__name__)
+
+Flat = dict[str, np.ndarray]
+Rule = Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]
+IMG, LLM = "PaliGemma/img/", "PaliGemma/llm/"
+VT = "paligemma.vision_tower.vision_model."
+LM = "paligemma.language_model.model."
+
+
+def is_pi0fast_tree(keys: Any) -> bool:
+    """True for openpi pi0-FAST parameter names: a PaliGemma LLM without the ``_1`` expert or action heads."""
+    keys = [k.removeprefix("params/") for k in keys]
+    has_llm = any(k.startswith(LLM) for k in keys)
+    has_expert = any((k.startswith(LLM) and "_1" in k) or k.startswith(("action_", "state_proj")) for k in keys)
+    return has_llm and not has_expert
+
+
+def _variant(table: dict[str, tuple], sizes: tuple) -> str:
+    """Name of the variant with exactly these sizes, else 'custom'."""
+    return next((n for n, v in table.items() if tuple(v) == sizes), "custom")
+
+
+def infer_fast_config(flat: Flat, **overrides: Any):
+    """Pi0FASTConfig from parameter shapes; ``overrides`` (Pi0FASTConfig fields) win."""
+
+    try:
+        kernel = flat[f"{IMG}embedding/kernel"]  # (p, p, 3, W)
+        patch, width = kernel.shape[0], kernel.shape[3]
+        blk = f"{IMG}Transformer/encoderblock/"
+        v_sizes = (width, flat[f"{blk}LayerNorm_0/scale"].shape[0], flat[f"{blk}MlpBlock_0/Dense_0/kernel"].shape[-1],
+                   flat[f"{blk}MultiHeadDotProductAttention_0/query/kernel"].shape[2])
+        base = _variant(SIGLIP_VARIANTS, v_sizes)
+        vision = SiglipConfig(*v_sizes, patch_size=patch,
+                              image_size=math.isqrt(flat[f"{IMG}pos_embedding"].shape[1]) * patch,
+                              variant=f"{base}/{patch}" if base != "custom" else "custom")
+        q = flat[f"{LLM}layers/attn/q_einsum/w"]  # (L, N, D, H)
+        kv = flat.get(f"{LLM}layers/attn/kv_einsum/w")
+        depth, heads, d, head_dim = q.shape
+        g_sizes = (d, depth, flat[f"{LLM}layers/mlp/gating_einsum"].shape[-1], heads,
+                   kv.shape[2] if kv is not None else heads, head_dim)
+        gemma = GemmaConfig(*g_sizes, variant=_variant(GEMMA_VARIANTS, g_sizes))
+        vocab = flat[f"{LLM}embedder/input_embedding"].shape[0]
+    except KeyError as e:
+        raise ValueError(f"not a pi0-FAST checkpoint: missing parameter {e.args[0]!r}") from e
+    return Pi0FASTConfig(**{**dict(paligemma=gemma, vision=vision, vocab_size=vocab), **overrides})
+
+
+def _rules() -> dict[str, Rule]:
+    """openpi key -> fn(array) yielding (torch key, array) pairs."""
+    blk, lay, gl = f"{IMG}Transformer/encoderblock/", VT + "encoder.layers.{}.", LM + "layers.{}."
+    one = lambda name, f=lambda a: a: lambda a: iter([(name, f(a))])  # noqa: E731
+    each = lambda name, f=lambda a: a, fmt=lay: (  # noqa: E731 - one torch key per scanned layer
+        lambda a: ((fmt.format(i) + name, f(x)) for i, x in enumerate(a)))
+    r: dict[str, Rule] = {
+        f"{IMG}embedding/kernel": one(VT + "embeddings.patch_embedding.weight", lambda a: a.transpose(3, 2, 0, 1)),
+        f"{IMG}embedding/bias": one(VT + "embeddings.patch_embedding.bias"),
+        f"{IMG}pos_embedding": one(VT + "embeddings.position_embedding.weight", lambda a: a[0]),
+        f"{IMG}Transformer/encoder_norm/scale": one(VT + "post_layernorm.weight"),
+        f"{IMG}Transformer/encoder_norm/bias": one(VT + "post_layernorm.bias"),
+        f"{IMG}head/kernel": one("paligemma.multi_modal_projector.linear.weight", lambda a: a.T),
+        f"{IMG}head/bias": one("paligemma.multi_modal_projector.linear.bias"),
+        f"{LLM}embedder/input_embedding": one(LM + "embed_tokens.weight"),
+        f"{LLM}final_norm/scale": one(LM + "norm.weight"),
+        f"{LLM}layers/pre_attention_norm/scale": each("input_layernorm.weight", fmt=gl),
+        f"{LLM}layers/pre_ffw_norm/scale": each("post_attention_layernorm.weight", fmt=gl),
+        # (N, D, H) -> (N*H, D)
+        f"{LLM}layers/attn/q_einsum/w": each("self_attn.q_proj.weight",
+                                             lambda w: w.transpose(0, 2, 1).reshape(-1, w.shape[1]), gl),
+        # (N, H, D) -> (D, N*H)
+        f"{LLM}layers/attn/attn_vec_einsum/w": each("self_attn.o_proj.weight",
+                                                    lambda w: w.reshape(-1, w.shape[-1]).T, gl),
+        f"{LLM}layers/mlp/linear": each("mlp.down_proj.weight", lambda w: w.T, gl),
+    }
+    for flax, ours in (("LayerNorm_0", "layer_norm1"), ("LayerNorm_1", "layer_norm2")):
+        r[f"{blk}{flax}/scale"], r[f"{blk}{flax}/bias"] = each(ours + ".weight"), each(ours + ".bias")
+    for flax, ours in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
+        r[f"{blk}MlpBlock_0/{flax}/kernel"] = each(f"mlp.{ours}.weight", lambda a: a.T)
+        r[f"{blk}MlpBlock_0/{flax}/bias"] = each(f"mlp.{ours}.bias")
+    mha = f"{blk}MultiHeadDotProductAttention_0/"
+    for flax, ours in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+        r[f"{mha}{flax}/kernel"] = each(f"self_attn.{ours}.weight", lambda a: a.reshape(a.shape[0], -1).T)  # (W,N,H)
+        r[f"{mha}{flax}/bias"] = each(f"self_attn.{ours}.bias", lambda a: a.reshape(-1))
+    r[f"{mha}out/kernel"] = each("self_attn.out_proj.weight", lambda a: a.reshape(-1, a.shape[-1]).T)  # (N,H,W)
+    r[f"{mha}out/bias"] = each("self_attn.out_proj.bias")
+
+    def kv(a: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:  # (L, 2, K, D, H) -> k, v (K*H, D) per layer
+        for i, w in enumerate(a):
+            for j, n in enumerate("kv"):
+                yield gl.format(i) + f"self_attn.{n}_proj.weight", w[j].transpose(0, 2, 1).reshape(-1, w.shape[2])
+
+    def qkv(a: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:  # (L, 3, N, D, H) when num_kv_heads == num_heads
+        for i, w in enumerate(a):
+            for j, n in enumerate("qkv"):
+                yield gl.format(i) + f"self_attn.{n}_proj.weight", w[j].transpose(0, 2, 1).reshape(-1, w.shape[2])
+
+    def gating(a: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:  # (L, 2, D, F) -> gate, up (F, D)
+        for i, w in enumerate(a):
+            yield gl.format(i) + "mlp.gate_proj.weight", w[0].T
+            yield gl.format(i) + "mlp.up_proj.weight", w[1].T
+
+    r[f"{LLM}layers/attn/kv_einsum/w"] = kv
+    r[f"{LLM}layers/attn/qkv_einsum/w"] = qkv
+    r[f"{LLM}layers/mlp/gating_einsum"] = gating
+    return r
+
+
+def convert_fast_params(flat: Flat, expected: dict[str, tuple[int, ...]] | None = None) -> Flat:
+    """openpi pi0-FAST flat params -> ``PI0FASTModel`` state dict; unknown / unused / mis-shaped keys raise."""
+    rules = _rules()
+    flat = {k.removeprefix("params/").removesuffix("/value"): v for k, v in flat.items()}
+    unknown = sorted(k for k in flat if k not in rules)
+    if unknown:
+        raise ValueError(f"unknown openpi parameter(s) {unknown[:10]} (total {len(unknown)}) for a pi0-FAST "
+                         f"checkpoint (LoRA weights or another model?)")
+    out: Flat = {}
+    for key, arr in flat.items():
+        for tkey, t in rules[key](np.asarray(arr)):
+            if tkey in out:
+                raise ValueError(f"torch key {tkey} produced twice (second time from {key})")
+            out[tkey] = np.ascontiguousarray(t)
+    if expected is not None:
+        unused, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
+        if unused or extra:
+            raise ValueError(f"checkpoint/model mismatch: model keys never set {unused[:10]}; converted keys the "
+                             f"model lacks {extra[:10]}")
+        for k, shape in expected.items():
+            if tuple(out[k].shape) != tuple(shape):
+                raise ValueError(f"shape mismatch for {k}: converted {tuple(out[k].shape)} vs model {tuple(shape)}")
+    return out
+
+
+def build_fast_model(flat: Flat, **overrides: Any):
+    """Flat openpi params -> a float32 ``PI0FASTModel`` holding them (config inferred from shapes)."""
+
+    cfg = infer_fast_config({k.removeprefix("params/").removesuffix("/value"): v for k, v in flat.items()},
+                            **overrides)
+    with torch.device("meta"):
+        model = PI0FASTModel(cfg)
+    state = convert_fast_params(flat, {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for k, t in model.state_dict().items():
+            t.copy_(torch.from_numpy(np.array(state[k], dtype=np.float32)))
+    return model.float().eval()
+
+
+FAST_TOKENIZER_HELP = (
+    "a pi0-FAST checkpoint decodes actions with the FAST tokenizer it was trained with: pass --fast_tokenizer DIR, "
+    "a local copy of the Hugging Face repo physical-intelligence/fast (processor_config.json + tokenizer.json; "
+    "download it where the hub is reachable, e.g. `huggingface-cli download physical-intelligence/fast --local-dir "
+    "DIR`). A stand-in tokenizer gives other action ids for every chunk, so the converted policy would output "
+    "garbage; for a model of your own, fit one explicitly with `python -m pi0.policies.fast_tokenizer fit`")
+
+
+def check_fast_tokenizer_dir(fast_tokenizer: str | Path | None) -> Path:
+    """The FAST tokenizer directory, or a one-line UserError saying where it comes from and what to pass."""
+    if fast_tokenizer is None:
+        raise UserError(f"missing --fast_tokenizer: {FAST_TOKENIZER_HELP}")
+    path = Path(fast_tokenizer)
+    missing = [f for f in ("processor_config.json", "tokenizer.json") if not (path / f).is_file()]
+    if not path.is_dir() or missing:
+        raise MissingPathError(f"--fast_tokenizer {path} is not a FAST tokenizer directory (lacks "
+                               f"{missing or 'the directory'}): {FAST_TOKENIZER_HELP}")
+    return path
+
+
+def resolve_fast_settings(preset: OpenpiConfig | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """action_horizon / max_token_len (/ action_dim) from explicit overrides, else the openpi preset; else refuse."""
+    out = dict(overrides)
+    for key in ("action_horizon", "max_token_len"):
+        if out.get(key) is None:
+            if preset is None:
+                raise UserError(f"a pi0-FAST checkpoint does not record its {key}: pass --openpi_config NAME "
+                                f"(one of {', '.join(names_for('pi0fast'))}) or --action_horizon and "
+                                f"--max_token_len (openpi's pi0_fast_libero: 10 and 180)")
+            out[key] = getattr(preset, key)
+    if preset is not None and preset.action_dim is not None:
+        out.setdefault("action_dim", preset.action_dim)
+    return out
+
+
+def convert_pi0fast_checkpoint(flat: Flat, output_path: str | Path, norm_stats_path: str | Path,
+                               tokenizer: str | Path, fast_tokenizer: str | Path, dtype: str = "float32",
+                               delta_action_dims: int = 0, normalization: str = "quantile",
+                               **overrides: Any) -> Path:
+    """Write a ``PI0FASTPolicy`` directory from already-read flat params (atomically: temp dir + rename)."""
+    stats = load_norm_stats(norm_stats_path)
+    if not Path(tokenizer).is_file():
+        raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
+    fast = FASTTokenizer.from_pretrained(check_fast_tokenizer_dir(fast_tokenizer))
+    overrides.setdefault("action_dim", stats["actions"].dim)
+    overrides.setdefault("decode_position_offset", 1)  # as openpi serves it (see Pi0FASTConfig)
+    model = build_fast_model(flat, **overrides)
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", dir=output_path.parent))
+    try:
+        pol_cfg = FASTPolicyConfig(model=model.cfg, delta_action_dims=delta_action_dims, normalization=normalization)
+        policy = PI0FASTPolicy.build(pol_cfg, stats, tokenizer, fast, model)
+        policy.save_pretrained(tmp, dtype=dtype)
+        if output_path.exists():
+            shutil.rmtree(output_path)
+        tmp.chmod(0o755)
+        tmp.rename(output_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output_path
+
+
+def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, norm_stats: str | Path | None = None,
+                          tokenizer: str | Path | None = None, fast_tokenizer: str | Path | None = None,
+                          dtype: str = "float32", delta_action_dims: int | None = None,
+                          openpi_config: str | None = None, **overrides: Any) -> Path | None:
+    """Convert ``checkpoint_dir`` if it holds a pi0-FAST tree (-> output path), else return None (not ours).
+
+    Every input is checked from metadata before any array is read: the FAST tokenizer, the horizon and token
+    budget (explicit ``overrides`` win over ``openpi_config``), the norm stats and the delta-action dims
+    (explicit, else the preset, else known from the asset id as for pi0).
+    """
+
+    params_dir = Path(checkpoint_dir)
+    if not params_dir.is_dir():
+        return None  # the pi0 converter reports a missing directory
+    if not (params_dir / "_METADATA").exists() and (params_dir / "params" / "_METADATA").exists():
+        params_dir = params_dir / "params"
+    if not (params_dir / "_METADATA").exists() or not is_pi0fast_tree(OrbaxParams(params_dir).shapes):
+        return None
+    log.info("pi0-FAST parameter tree detected in %s", params_dir)
+    preset = get_openpi_config(openpi_config, "pi0fast") if openpi_config else None
+    check_fast_tokenizer_dir(fast_tokenizer)
+    if tokenizer is None or not Path(tokenizer).is_file():
+        raise MissingPathError(f"--tokenizer {tokenizer} is not a file: a pi0-FAST checkpoint needs PaliGemma's "
+                               f"sentencepiece model (paligemma_tokenizer.model, a local copy), since openpi reads the "
+                               f"decoded action ids back as text")
+    overrides = resolve_fast_settings(preset, {k: v for k, v in overrides.items() if v is not None})
+    ns = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
+    if ns is None or not ns.is_file():
+        raise MissingPathError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
+                               f"pass --norm_stats PATH")
+    normalization = preset.normalization if preset else "quantile"  # openpi: every non-pi0 model uses quantiles
+    if normalization == "quantile" and load_norm_stats(ns)["actions"].q01 is None:
+        raise UserError(f"{ns} has no q01/q99, which pi0-FAST's quantile normalization needs (openpi computes them "
+                        f"with scripts/compute_norm_stats.py)")
+    if delta_action_dims is None and preset is not None:
+        delta_action_dims = preset.delta_action_dims
+    delta_action_dims = resolve_delta_action_dims(ns, delta_action_dims)
+    return convert_pi0fast_checkpoint(read_orbax_params(params_dir), output_path, ns, tokenizer, fast_tokenizer,
+                                      dtype, delta_action_dims=delta_action_dims, normalization=normalization,
+                                      **overrides)

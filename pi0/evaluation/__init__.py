@@ -1,0 +1,1 @@
+"""Evaluation: LIBERO success rates with videos and JSON (``libero_eval``) and debug sessions (``debug``)."""

@@ -1,0 +1,366 @@
+"""A fast pi0 sampler that computes the eager ``PI0Model.sample_actions`` numbers (float32: within 1e-5).
+
+``FastSampler(model)`` runs the same flow-matching Euler loop with:
+
+* prompt padding beyond the longest prompt of the batch trimmed from the prefix (exact: padded keys are
+  masked out and padding does not advance positions); all live cameras in one SigLIP pass (a camera masked
+  in every sample stays skipped);
+* the state token hoisted out of the Euler loop: it cannot attend to the action tokens (block-causal
+  mask), so its keys/values are computed once, in the same pass as the prefix, and appended to the cache;
+* the action input projection folded into the time MLP (two back-to-back linears, exact in real
+  arithmetic) and the time half of that MLP precomputed per Euler time;
+* static-shape KV caches (capacity bucketed, masked tail) so the denoise step has one shape per batch size;
+* optionally ``torch.compile`` on the denoise step and, on CUDA, one CUDA graph of the whole Euler loop
+  per (batch size, cache bucket, num_steps), replayed with copy-in / copy-out.
+
+The eager ``PI0Model.sample_actions`` stays the reference; ``tests/test_fast_sampler.py`` checks parity.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+from pi0.models.attention import make_attn_mask, make_positions
+from pi0.models.flow import euler_integrate, posemb_sincos
+
+BACKENDS = ("inductor", "aot_eager", "eager")
+
+
+def trim_prompt_padding(tokens: torch.Tensor, mask: torch.Tensor, multiple: int = 1
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens, mask (B, L) -> (B, L'): L' = 1 + last column where any sample has a valid token, rounded up to
+    ``multiple`` (few shapes for torch.compile) and kept within [1, L]."""
+    valid_cols = mask.bool().any(0)  # (L,)
+    idx = torch.nonzero(valid_cols)
+    keep = max(int(idx[-1]) + 1, 1) if idx.numel() else 1
+    keep = min(round_up(keep, multiple), mask.shape[1])
+    return tokens[:, :keep], mask[:, :keep]
+
+
+def euler_times(num_steps: int) -> list[float]:
+    """The float32 times t (1.0, 0.9, ...) at which ``pi0.models.flow.euler_integrate`` evaluates the velocity."""
+    times: list[float] = []
+
+    def record(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        times.append(float(t[0]))
+        return torch.zeros_like(x)
+
+    euler_integrate(record, torch.zeros(1, 1, 1), num_steps)
+    return times
+
+
+def fold_action_time_mlp(w_in: torch.Tensor, b_in: torch.Tensor, w_mlp: torch.Tensor, b_mlp: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold action_in_proj (W,A),(W,) into action_time_mlp_in (W,2W),(W,) -> (W_x (W,A), W_t (W,W), b (W,)).
+
+    mlp_in([W_in x + b_in, e]) = W_a W_in x + W_t e + (W_a b_in + b_mlp) with W_mlp = [W_a | W_t];
+    products are taken in float64 and rounded once to the weights' dtype.
+    """
+    w = w_in.shape[0]
+    w_a, w_t = w_mlp[:, :w].double(), w_mlp[:, w:]
+    w_x = (w_a @ w_in.double()).to(w_in.dtype)
+    bias = (w_a @ b_in.double() + b_mlp.double()).to(b_mlp.dtype)
+    return w_x, w_t.contiguous(), bias
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= n."""
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class _Buffers:
+    """Static tensors of one (batch, cache capacity) shape: KV cache, masks, positions, noise in."""
+
+    k: list[torch.Tensor]  # depth x (B, C, K, H)
+    v: list[torch.Tensor]
+    key_valid: torch.Tensor  # (B, C) bool
+    mask: torch.Tensor  # (B, Ha, C + Ha) bool: action queries -> cache keys ++ action keys
+    positions: torch.Tensor  # (B, Ha) long
+    x: torch.Tensor  # (B, Ha, A) float32 noise
+
+
+class FastSampler:
+    """Drop-in ``sample_actions`` for a ``PI0Model`` with exact FLOP savings, torch.compile and CUDA graphs."""
+
+    def __init__(self, model: Any, compile: bool = False, backend: str = "inductor", cuda_graph: bool | None = None,
+                 trim_prompt: bool = True, fuse_projections: bool = True, batch_cameras: bool = True,
+                 cache_bucket: int = 16, warmup: int = 2, compile_prefix: bool = False):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if cache_bucket < 1:
+            raise ValueError(f"cache_bucket must be >= 1, got {cache_bucket}")
+        self.model = model
+        self.options = dict(compile=compile, backend=backend, cuda_graph=cuda_graph, trim_prompt=trim_prompt,
+                            fuse_projections=fuse_projections, batch_cameras=batch_cameras,
+                            cache_bucket=cache_bucket, warmup=warmup, compile_prefix=compile_prefix)
+        self.compile, self.backend, self.cuda_graph = compile, backend, cuda_graph
+        self.trim_prompt, self.fuse_projections, self.batch_cameras = trim_prompt, fuse_projections, batch_cameras
+        self.cache_bucket, self.warmup = cache_bucket, warmup
+        self._step_fn = torch.compile(self._step, backend=backend, dynamic=False) if compile else self._step
+        # compile_prefix: SigLIP and the prefix transformer pass compiled too (prompt trimmed to multiples of 16
+        # so that only a few prefix shapes occur); camera skipping and trimming stay outside (data-dependent).
+        # Built on first use: a deep copy binds a model whose attributes are not filled in yet.
+        self.compile_prefix = compile_prefix
+        self._prefix_fns: tuple[Any, Any] | None = None
+        self._buffers: dict[tuple, _Buffers] = {}
+        self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
+        self._consts: dict[tuple, dict[str, Any]] = {}
+        self.graph_error: str | None = None  # why CUDA-graph capture fell back to the un-captured loop
+        self._param_ptrs: tuple[int, ...] = ()
+
+    def __deepcopy__(self, memo: dict) -> "FastSampler":
+        """A fresh sampler (nothing compiled or captured) bound to the deep-copied model."""
+        return FastSampler(memo.get(id(self.model), copy.deepcopy(self.model, memo)), **self.options)
+
+    # ------------------------------------------------------------------ constants
+    def _use_graph(self, device: torch.device) -> bool:
+        """Whether to capture the Euler loop: auto (None) means 'on CUDA'; True on CPU is an error."""
+        if self.cuda_graph is None:
+            return device.type == "cuda"
+        if self.cuda_graph and device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a CUDA model, but the model is on {device}; "
+                             "use cuda_graph=None (auto) or False")
+        return bool(self.cuda_graph)
+
+    def _time_inputs(self, num_steps: int, batch: int, device: torch.device) -> tuple[list[torch.Tensor], float]:
+        """Per-Euler-step time inputs of the step function (kept alive: CUDA graphs read them) and dt.
+
+        Fused: c_i (1, 1, W) = W_t posemb(t_i) + b; unfused: posemb(t_i) (B, Ha, W). Recomputed in place
+        when the head weights change (their ``_version``), so training updates are picked up.
+        """
+        m = self.model
+        heads = (m.action_in_proj.weight, m.action_in_proj.bias, m.action_time_mlp_in.weight,
+                 m.action_time_mlp_in.bias)
+        version = tuple(p._version for p in heads) + tuple(p.data_ptr() for p in heads)
+        key = (num_steps, batch if not self.fuse_projections else 0, device)
+        entry = self._consts.get(key)
+        if entry is not None and entry["version"] == version:
+            return entry["inputs"], -1.0 / num_steps
+        w, h = m.action_in_proj.weight.shape[0], m.cfg.action_horizon
+        dtype = m.action_in_proj.weight.dtype
+        times = torch.tensor(euler_times(num_steps), dtype=torch.float32, device=device)
+        emb = posemb_sincos(times, w).to(dtype)  # (S, W)
+        if self.fuse_projections:
+            w_x, w_t, bias = fold_action_time_mlp(*(p.detach() for p in heads))
+            new = [(F.linear(e, w_t) + bias)[None, None] for e in emb]  # S x (1, 1, W)
+            new.append(w_x)
+        else:
+            new = [e[None, None].expand(batch, h, -1).contiguous() for e in emb]  # S x (B, Ha, W)
+        if entry is None:
+            entry = self._consts[key] = {"inputs": new}
+        else:  # in place: captured graphs keep pointing at these tensors
+            for old, fresh in zip(entry["inputs"], new):
+                old.copy_(fresh)
+        entry["version"] = version
+        return entry["inputs"], -1.0 / num_steps
+
+    # ------------------------------------------------------------------ prefix
+    def _vision_and_joint(self) -> tuple[Any, Any]:
+        """(SigLIP embed_image, joint transformer forward), compiled when ``compile_prefix``."""
+        if self._prefix_fns is None:
+            pwe = self.model.paligemma_with_expert
+            if self.compile_prefix:
+                self._prefix_fns = (torch.compile(pwe.embed_image, backend=self.backend, dynamic=False),
+                                    torch.compile(pwe.forward, backend=self.backend, dynamic=False))
+            else:
+                self._prefix_fns = (pwe.embed_image, pwe)
+        return self._prefix_fns
+
+    def embed_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                     lang_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``PI0Model.embed_prefix`` with every live camera in ONE SigLIP pass (weights read once, not per camera).
+
+        Images C x (B,3,S,S), masks C x (B,), tokens/masks (B,L) -> embs (B,Tp,D), pad (B,Tp), ar (Tp,).
+        """
+        m = self.model
+        if not self.batch_cameras:
+            return m.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+        pwe = m.paligemma_with_expert
+        live = [(img, mask) for img, mask in zip(images, img_masks) if bool(mask.any())]  # all-masked: skipped
+        embs, pads = [], []
+        if live:
+            b = live[0][0].shape[0]
+            tok = self._vision_and_joint()[0](torch.cat([img for img, _ in live]))  # (C*B, P, D)
+            for c, (_, mask) in enumerate(live):
+                embs.append(tok[c * b:(c + 1) * b])
+                pads.append(mask.bool()[:, None].expand(-1, tok.shape[1]))
+        embs.append(pwe.embed_language(lang_tokens))
+        pads.append(lang_masks.bool())
+        emb, pad = torch.cat(embs, 1), torch.cat(pads, 1)
+        return emb, pad, torch.zeros(emb.shape[1], dtype=torch.bool, device=emb.device)
+
+    def encode(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+               lang_masks: torch.Tensor, state: torch.Tensor) -> _Buffers:
+        """Prefix + state token in one pass -> static buffers holding their KV cache (B, C, K, H) per layer."""
+        m = self.model
+        if self.trim_prompt:
+            lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks, 16 if self.compile_prefix else 1)
+        with record_function("pi0.models.siglip+embed"):
+            emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+        with record_function("pi0.prefix"):
+            b, tp = pad.shape
+            # as in openpi pi0.py embed_suffix: the state token starts its own block (ar=True) after the prefix
+            state_tok = m._linear(m.state_proj, state)[:, None].to(m.compute_dtype)  # (B, 1, W)
+            ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
+            full_pad = torch.cat([pad, ones], 1)
+            full_ar = torch.cat([ar, ones[0]], 0)
+            joint = self._vision_and_joint()[1]
+            _, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
+                             return_kv_cache=True)
+        buf = self._get_buffers(b, round_up(tp + 1, self.cache_bucket), pad.device, cache[0][0])
+        n = tp + 1
+        for layer, (k, v) in enumerate(cache):
+            buf.k[layer][:, :n].copy_(k)
+            buf.v[layer][:, :n].copy_(v)
+        buf.key_valid.zero_()
+        buf.key_valid[:, :n].copy_(full_pad)
+        h = m.cfg.action_horizon
+        cap = buf.key_valid.shape[1]
+        buf.mask[:, :, :cap].copy_(buf.key_valid[:, None, :].expand(-1, h, -1))
+        # as in openpi pi0.py sample_actions: suffix positions continue from sum(prefix_mask); +1 for the state
+        buf.positions.copy_(pad.sum(-1, keepdim=True) + 1 + torch.arange(h, device=pad.device))
+        return buf
+
+    def _get_buffers(self, b: int, cap: int, device: torch.device, like: torch.Tensor) -> _Buffers:
+        """Zero-initialised static buffers for (B, capacity) (masked slots must hold finite values)."""
+        key = (b, cap, device, like.dtype)
+        if key not in self._buffers:
+            cfg = self.model.cfg
+            h, kv, hd = cfg.action_horizon, cfg.paligemma.num_kv_heads, cfg.paligemma.head_dim
+            z = lambda: torch.zeros(b, cap, kv, hd, dtype=like.dtype, device=device)  # noqa: E731
+            mask = torch.ones(b, h, cap + h, dtype=torch.bool, device=device)
+            self._buffers[key] = _Buffers(
+                k=[z() for _ in range(cfg.paligemma.depth)], v=[z() for _ in range(cfg.paligemma.depth)],
+                key_valid=torch.zeros(b, cap, dtype=torch.bool, device=device), mask=mask,
+                positions=torch.zeros(b, h, dtype=torch.long, device=device),
+                x=torch.zeros(b, h, cfg.action_dim, dtype=torch.float32, device=device))
+        return self._buffers[key]
+
+    # ------------------------------------------------------------------ denoise
+    def _step(self, x: torch.Tensor, time_in: torch.Tensor, w_x: torch.Tensor | None, ks: list[torch.Tensor],
+              vs: list[torch.Tensor], mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One velocity evaluation of the action tokens on the static cache: x_t (B,Ha,A) -> v_t (B,Ha,A)."""
+        m = self.model
+        if w_x is not None:  # fused: mlp_in(action_in(x) ++ e) = W_x x + c_t
+            hid = F.linear(x.to(w_x.dtype), w_x) + time_in
+        else:  # as in PI0Model.embed_suffix
+            act = m._linear(m.action_in_proj, x)
+            hid = m._linear(m.action_time_mlp_in, torch.cat([act, time_in.to(act.dtype)], -1))
+        hid = m._linear(m.action_time_mlp_out, F.silu(hid)).to(m.compute_dtype)
+        (_, out), _ = m.paligemma_with_expert([None, hid], mask, positions, kv_cache=list(zip(ks, vs)))
+        return m._velocity(out)
+
+    def _loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float) -> torch.Tensor:
+        """The whole Euler loop on static buffers (what the CUDA graph captures): x (B,Ha,A) -> actions."""
+        w_x = time_inputs[-1] if self.fuse_projections else None
+        steps = time_inputs[:-1] if self.fuse_projections else time_inputs
+        x = buf.x
+        for i, time_in in enumerate(steps):
+            with record_function(f"pi0.denoise_step_{i}"):
+                v = self._step_fn(x, time_in, w_x, buf.k, buf.v, buf.mask, buf.positions)
+                x = x + dt * v  # as in openpi pi0.py sample_actions: x_{t+dt} = x_t + dt * v_t
+        return x
+
+    def _replay(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float) -> torch.Tensor | None:
+        """Run the Euler loop as one CUDA graph (captured on first use: warm-up on a side stream)."""
+        key = (id(buf), len(time_inputs), id(time_inputs[0]))
+        if key not in self._graphs:
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(self.warmup):  # compiles / autotunes outside the capture
+                        self._loop(buf, time_inputs, dt)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = self._loop(buf, time_inputs, dt)
+                self._graphs[key] = (graph, out)
+            except Exception as e:  # noqa: BLE001 - a robot should keep acting on the un-captured loop
+                self.graph_error = f"{type(e).__name__}: {e}"
+                warnings.warn(f"CUDA graph capture failed, using the un-captured loop: {self.graph_error}")
+                self.cuda_graph = False
+                return None
+        graph, out = self._graphs[key]
+        graph.replay()
+        return out.clone()  # copy-out: the next replay overwrites `out`
+
+    @torch.no_grad()
+    def sample_actions(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                       lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor | None = None,
+                       num_steps: int = 10) -> torch.Tensor:
+        """Same contract as ``PI0Model.sample_actions``: noise (B,Ha,A) -> actions (B,Ha,A) float32."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        cfg = self.model.cfg
+        b = state.shape[0]
+        shape = (b, cfg.action_horizon, cfg.action_dim)
+        if noise is None:
+            noise = torch.randn(shape, device=state.device)
+        if tuple(noise.shape) != shape:
+            raise ValueError(f"noise must be {shape}, got {tuple(noise.shape)}")
+        use_graph = self._use_graph(state.device)
+        ptrs = tuple(p.data_ptr() for p in self.model.parameters())
+        if ptrs != self._param_ptrs:  # weights re-allocated (.to(), p.data = ...): captured graphs are stale
+            self._graphs.clear()
+            self._param_ptrs = ptrs
+        time_inputs, dt = self._time_inputs(num_steps, b, state.device)
+        buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
+        buf.x.copy_(noise)  # copy-in
+        if use_graph:
+            out = self._replay(buf, time_inputs, dt)
+            if out is not None:
+                return out
+        return self._loop(buf, time_inputs, dt)
+
+    __call__ = sample_actions
+
+
+# ====================================================================== roofline
+def weight_bytes_per_call(model: Any, num_steps: int, cameras: int) -> dict[str, int]:
+    """Bytes of weights one FastSampler call reads (each pass reads its weights once from memory).
+
+    SigLIP + projector once (``cameras`` > 0: all live cameras go in one batched pass); the VLM Gemma layers
+    once (prefix); the action expert once with the prefix (state token) and once per Euler step; the embedding
+    table is excluded (only B*L rows are read).
+    """
+    pwe = model.paligemma_with_expert
+    nbytes = lambda mod: sum(p.numel() * p.element_size() for p in mod.parameters())  # noqa: E731
+    vlm, expert = pwe.experts
+    vision = nbytes(pwe.paligemma.vision_tower) + nbytes(pwe.paligemma.multi_modal_projector)
+    gemma = nbytes(vlm.layers) + nbytes(vlm.norm)
+    exp = nbytes(expert)
+    heads = sum(nbytes(getattr(model, n))
+                for n in ("action_in_proj", "action_time_mlp_in", "action_time_mlp_out", "action_out_proj"))
+    parts = {"siglip": vision * min(cameras, 1), "gemma_prefix": gemma, "expert": exp * (num_steps + 1),
+             "heads": heads * num_steps + nbytes(model.state_proj)}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def copy_bandwidth(device: str | torch.device, mbytes: int = 512, iters: int = 5) -> float:
+    """Measured bytes/s of a large device-to-device copy (read + write counted), best of ``iters``."""
+    n = mbytes * 2**20 // 4
+    src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = math.inf
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(iters + 1):
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best

@@ -1,0 +1,98 @@
+"""Compact Gemma decoder pieces: RMSNorm, GeGLU MLP, attention projections and decoder layers.
+
+Parameter names follow HF ``GemmaModel`` (``layers.{i}.self_attn.q_proj`` ...) so that openpi and HF /
+LeRobot weights map by a plain key map. The layer does not run attention itself: joint attention over
+several experts lives in ``pi0.models.paligemma_with_expert``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pi0.models.config import GemmaConfig
+
+RMS_NORM_EPS = 1e-6
+
+
+class RMSNorm(nn.Module):
+    """as in openpi gemma.py RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + scale), in float32."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., D) in x's dtype."""
+        xf = x.to(torch.float32)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
+        return (normed * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
+
+
+class GemmaMLP(nn.Module):
+    """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: GemmaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.width, cfg.mlp_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.width, cfg.mlp_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.mlp_dim, cfg.width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class GemmaAttentionProjections(nn.Module):
+    """q / k / v / o projections of one expert (no biases; multi-query when num_kv_heads == 1)."""
+
+    def __init__(self, cfg: GemmaConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.width, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.width, bias=False)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> q (B, T, N, H), k (B, T, K, H), v (B, T, K, H)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        return q, k, v
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Pre-norm block: RMSNorm -> attention -> residual -> RMSNorm -> GeGLU MLP -> residual."""
+
+    def __init__(self, cfg: GemmaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.width)
+        self.self_attn = GemmaAttentionProjections(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.width)
+        self.mlp = GemmaMLP(cfg)
+
+    def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual stream x (B,T,D) + attention output (B,T,N,H) -> block output (B,T,D)."""
+        b, t = attn_out.shape[:2]
+        x = x + self.self_attn.o_proj(attn_out.reshape(b, t, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GemmaModel(nn.Module):
+    """Token embedding (optional: the action expert has none), decoder layers, final norm."""
+
+    def __init__(self, cfg: GemmaConfig, vocab_size: int | None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(vocab_size, cfg.width) if vocab_size else None
+        self.layers = nn.ModuleList([GemmaDecoderLayer(cfg) for _ in range(cfg.depth)])
+        self.norm = RMSNorm(cfg.width)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) long -> (B, L, D) embeddings scaled by sqrt(D) (as in openpi gemma.py Embedder.encode)."""
+        assert self.embed_tokens is not None, "this Gemma has no token embedding"
+        x = self.embed_tokens(tokens)
+        return x * torch.tensor(self.cfg.width**0.5, dtype=x.dtype)

@@ -1,0 +1,124 @@
+"""PaliGemma (SigLIP + Gemma) with a second Gemma "action expert", joined by shared attention.
+
+as in openpi gemma.py Module (the mixture of experts over token groups): every expert keeps its own
+norms, q/k/v/o projections and MLP; at each layer the q, k, v of all experts are concatenated along
+the sequence, ONE attention runs over them, and the output is split back per expert.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pi0.models.attention import apply_rope, attention
+from pi0.models.config import Pi0Config
+from pi0.models.gemma import GemmaModel
+from pi0.models.siglip import SiglipVisionTower
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v (B, S, K, H), after RoPE
+
+
+class MultiModalProjector(nn.Module):
+    """SigLIP width -> Gemma width (openpi's ``img/head`` Dense)."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.linear = nn.Linear(in_dim, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, P, Wv) -> (B, P, D)."""
+        return self.linear(x)
+
+
+class LanguageModel(nn.Module):
+    """HF-compatible nesting: ``language_model.model.*``."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.model = GemmaModel(cfg.paligemma, cfg.vocab_size)
+
+
+class PaliGemma(nn.Module):
+    """Vision tower + projector + Gemma backbone."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.vision_tower = SiglipVisionTower(cfg.vision)
+        self.multi_modal_projector = MultiModalProjector(cfg.vision.width, cfg.paligemma.width)
+        self.language_model = LanguageModel(cfg)
+
+
+class ActionExpert(nn.Module):
+    """HF-compatible nesting: ``gemma_expert.model.*`` (no token embedding)."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.model = GemmaModel(cfg.action_expert, vocab_size=None)
+
+
+class PaliGemmaWithExpert(nn.Module):
+    """The two-expert transformer of pi0 (expert 0 = PaliGemma's Gemma, expert 1 = action expert)."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.cfg = cfg
+        self.paligemma = PaliGemma(cfg)
+        self.gemma_expert = ActionExpert(cfg)
+
+    @property
+    def experts(self) -> tuple[GemmaModel, GemmaModel]:
+        """(VLM Gemma, action expert Gemma)."""
+        return self.paligemma.language_model.model, self.gemma_expert.model
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Activation dtype: bfloat16 in openpi's mixed precision, else float32."""
+        return torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
+
+    def embed_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, 224, 224) in [-1, 1] -> (B, 256, D) image tokens (not scaled by sqrt(D))."""
+        x = self.paligemma.vision_tower(pixels, self.compute_dtype)
+        return self.paligemma.multi_modal_projector(x)
+
+    def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) long -> (B, L, D) token embeddings multiplied by sqrt(D)."""
+        return self.experts[0].embed(tokens).to(self.compute_dtype)
+
+    def forward(
+        self,
+        inputs_embeds: list[torch.Tensor | None],
+        attn_mask: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        return_kv_cache: bool = False,
+    ) -> tuple[list[torch.Tensor | None], KVCache | None]:
+        """Joint forward. inputs_embeds[i] (B, T_i, D_i) or None, attn_mask (B, sum T_i, S_cache + sum T_i),
+        positions (B, sum T_i) -> (per-expert final-normed outputs (B, T_i, D_i) or None, new kv cache).
+        """
+        experts = self.experts
+        active = [i for i, x in enumerate(inputs_embeds) if x is not None]
+        hidden = {i: inputs_embeds[i] for i in active}
+        lengths = [hidden[i].shape[1] for i in active]
+        new_cache: KVCache = []
+        for layer_idx in range(self.cfg.paligemma.depth):
+            qs, ks, vs = [], [], []
+            for i in active:
+                layer = experts[i].layers[layer_idx]
+                q, k, v = layer.self_attn.qkv(layer.input_layernorm(hidden[i]))
+                qs.append(q), ks.append(k), vs.append(v)
+            q, k, v = torch.cat(qs, 1), torch.cat(ks, 1), torch.cat(vs, 1)  # (B, T, N|K, H)
+            # as in openpi gemma.py Attention: RoPE on q and k, then q *= head_dim**-0.5.
+            q = apply_rope(q, positions) * torch.tensor(q.shape[-1] ** -0.5, dtype=q.dtype)
+            k = apply_rope(k, positions)
+            if return_kv_cache:
+                new_cache.append((k, v))
+            if kv_cache is not None:
+                k = torch.cat([kv_cache[layer_idx][0], k], dim=1)
+                v = torch.cat([kv_cache[layer_idx][1], v], dim=1)
+            out = attention(q, k, v, attn_mask, self.cfg.attn_implementation)  # (B, T, N, H)
+            for i, chunk in zip(active, torch.split(out, lengths, dim=1)):
+                hidden[i] = experts[i].layers[layer_idx].finish(hidden[i], chunk)
+        outputs: list[torch.Tensor | None] = [None] * len(inputs_embeds)
+        for i in active:
+            outputs[i] = experts[i].norm(hidden[i])
+        return outputs, (new_cache if return_kv_cache else None)

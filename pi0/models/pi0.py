@@ -1,0 +1,261 @@
+"""pi0 network: PaliGemma VLM + Gemma action expert trained by flow matching (PyTorch port of openpi's pi0.py).
+
+``PI0Model`` has openpi's model-level API (``sample_actions`` / ``forward``); the policy around it
+(normalization, tokenization, cameras, persistence) is ``pi0.policies.pi0.PI0Policy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pi0.models.attention import make_attn_mask, make_positions
+from pi0.models.config import Pi0Config
+from pi0.models.fast_sampler import FastSampler
+from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
+from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
+
+# Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
+# and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
+_FP32_PARAM_MARKERS = ("layernorm", "layer_norm", ".norm.", "patch_embedding", "position_embedding")
+_FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.",
+               "optimality_embedding")
+
+
+def _is_fp32_param(name: str) -> bool:
+    """True for parameters that stay float32 in bfloat16 mode."""
+    name = name.removeprefix("model.")
+    return (any(m in name for m in _FP32_PARAM_MARKERS) or name.endswith(".norm.weight")
+            or name.startswith(_FP32_HEADS))
+
+
+def param_storage_dtype(name: str, dtype: str) -> torch.dtype:
+    """Storage dtype of parameter ``name`` under precision ``dtype`` ("float32" or openpi's "bfloat16" mix)."""
+    return torch.float32 if dtype == "float32" or _is_fp32_param(name) else torch.bfloat16
+
+
+class PI0Model(nn.Module):
+    """The pi0 network: prefix (images + language) through PaliGemma, suffix (state + actions) through the expert."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.cfg = cfg
+        w = cfg.action_expert.width
+        self.paligemma_with_expert = PaliGemmaWithExpert(cfg)
+        self.state_proj = nn.Linear(cfg.action_dim, w)
+        self.action_in_proj = nn.Linear(cfg.action_dim, w)
+        self.action_time_mlp_in = nn.Linear(2 * w, w)
+        self.action_time_mlp_out = nn.Linear(w, w)
+        self.action_out_proj = nn.Linear(w, cfg.action_dim)
+        self.fast_sampler: FastSampler | None = None  # see enable_fast_sampling
+        if cfg.optimality_condition:
+            self.optimality_embedding = nn.Parameter(torch.zeros(w))
+        self.apply_precision()
+
+    def enable_optimality_condition(self) -> "PI0Model":
+        """Add the zero-initialised optimality embedding (W,) (CFG-style RL); outputs are unchanged until trained."""
+        if not self.cfg.optimality_condition:
+            self.cfg = dataclasses.replace(self.cfg, optimality_condition=True)
+            ref = self.state_proj.weight
+            self.optimality_embedding = nn.Parameter(torch.zeros(ref.shape[0], dtype=torch.float32, device=ref.device))
+        return self
+
+    # ------------------------------------------------------------------ precision
+    def apply_precision(self) -> "PI0Model":
+        """Cast parameters for ``cfg.dtype``: all float32, or bf16 except norms / patch / position embeddings."""
+        if self.cfg.dtype == "float32":
+            return self.float()
+        for name, p in self.named_parameters():
+            p.data = p.data.to(torch.float32 if _is_fp32_param(name) else torch.bfloat16)
+        return self
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Activation dtype."""
+        return self.paligemma_with_expert.compute_dtype
+
+    @torch.no_grad()
+    def round_params_(self, dtype: torch.dtype = torch.bfloat16) -> "PI0Model":
+        """Round every weight through ``dtype`` in place, keeping its storage dtype.
+
+        Unmodified openpi serving (create_trained_policy -> restore_params(dtype=bfloat16)) runs a float32
+        model on bf16-rounded weights; this reproduces those numbers exactly.
+        """
+        for p in self.parameters():
+            p.copy_(p.to(dtype).to(p.dtype))
+        return self
+
+    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """Apply ``layer`` after casting x to its weight dtype."""
+        return layer(x.to(layer.weight.dtype))
+
+    # ------------------------------------------------------------------ embeddings
+    def embed_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                     lang_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Images C x (B,3,224,224), masks C x (B,), tokens/masks (B,L) -> embs (B,Tp,D), pad (B,Tp), ar (Tp,).
+
+        as in openpi pi0.py embed_prefix: image tokens per camera (not scaled), then language tokens
+        (scaled by sqrt(D)); every prefix token has ar=False (one bidirectional block).
+        """
+        pwe = self.paligemma_with_expert
+        embs, pads = [], []
+        for img, m in zip(images, img_masks):
+            if not bool(m.any()):
+                # A camera masked in every sample contributes nothing: its keys are masked out and it does
+                # not advance positions, so skipping it is exact (and saves a SigLIP pass + 256 tokens).
+                continue
+            tok = pwe.embed_image(img)  # (B, P, D)
+            embs.append(tok)
+            pads.append(m.bool()[:, None].expand(-1, tok.shape[1]))
+        embs.append(pwe.embed_language(lang_tokens))
+        pads.append(lang_masks.bool())
+        emb, pad = torch.cat(embs, 1), torch.cat(pads, 1)
+        ar = torch.zeros(emb.shape[1], dtype=torch.bool, device=emb.device)
+        return emb, pad, ar
+
+    def embed_suffix(self, state: torch.Tensor, noisy_actions: torch.Tensor, time: torch.Tensor,
+                     condition: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """state (B,S), x_t (B,H,A), t (B,), condition (B,) in {0,1} -> embs (B,1+H,W), pad (B,1+H), ar (1+H,).
+
+        as in openpi pi0.py embed_suffix: one state token, then H action tokens made of
+        action_in_proj(x_t) ++ posemb(t) -> mlp_in -> swish -> mlp_out. ar = [True, True, False...]:
+        the state token and the action block each start a new block. With ``cfg.optimality_condition``
+        (after CFGRL, Frans et al. 2025) ``condition * optimality_embedding`` is added to the state token;
+        ``condition=None`` means unconditioned (0).
+        """
+        b, h, _ = noisy_actions.shape
+        state_tok = self._linear(self.state_proj, state)[:, None]  # (B, 1, W)
+        if condition is not None and self.cfg.optimality_condition:
+            cond = condition.to(state_tok.dtype)[:, None, None]  # (B, 1, 1)
+            state_tok = state_tok + cond * self.optimality_embedding.to(state_tok.dtype)
+        act = self._linear(self.action_in_proj, noisy_actions)  # (B, H, W)
+        t_emb = posemb_sincos(time, act.shape[-1]).to(act.dtype)[:, None].expand(-1, h, -1)  # (B, H, W)
+        x = self._linear(self.action_time_mlp_in, torch.cat([act, t_emb], -1))
+        x = self._linear(self.action_time_mlp_out, F.silu(x))
+        emb = torch.cat([state_tok, x], 1).to(self.compute_dtype)
+        pad = torch.ones(b, 1 + h, dtype=torch.bool, device=emb.device)
+        ar = torch.zeros(1 + h, dtype=torch.bool, device=emb.device)
+        ar[:2] = True
+        return emb, pad, ar
+
+    def _velocity(self, suffix_out: torch.Tensor) -> torch.Tensor:
+        """(B, 1+H, W) expert output -> (B, H, A) float32 velocity."""
+        h = self.cfg.action_horizon
+        return self._linear(self.action_out_proj, suffix_out[:, -h:]).to(torch.float32)
+
+    # ------------------------------------------------------------------ training loss
+    def forward(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                lang_masks: torch.Tensor, state: torch.Tensor, actions: torch.Tensor,
+                noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
+                condition: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-element flow-matching loss (B, H, A) = (v_theta(x_t, t | condition (B,)) - (noise - actions))^2.
+
+        as in openpi pi0.py compute_loss (without the final mean over action dims).
+        """
+        b = actions.shape[0]
+        if noise is None:
+            noise = torch.randn_like(actions, dtype=torch.float32)
+        if time is None:
+            time = sample_time(b, device=actions.device)
+        x_t, u_t = flow_matching_pair(actions.float(), noise.float(), time.float())
+        v_t = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x_t, time, condition)
+        return (v_t - u_t) ** 2
+
+    def predict_velocity(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                         lang_masks: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, time: torch.Tensor,
+                         condition: torch.Tensor | None = None) -> torch.Tensor:
+        """v_theta(x_t, t | condition (B,)) (B, H, A) from one joint pass over prefix + suffix (training path)."""
+        p_emb, p_pad, p_ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time, condition)
+        pad = torch.cat([p_pad, s_pad], 1)
+        mask = make_attn_mask(pad, torch.cat([p_ar, s_ar]))
+        (_, s_out), _ = self.paligemma_with_expert([p_emb, s_emb], mask, make_positions(pad))
+        return self._velocity(s_out)
+
+    # ------------------------------------------------------------------ inference
+    def encode_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                      lang_masks: torch.Tensor) -> tuple[KVCache, torch.Tensor]:
+        """Run the prefix once -> (per-layer kv cache (B,Tp,K,H) after RoPE, prefix pad mask (B,Tp))."""
+        emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+        _, cache = self.paligemma_with_expert([emb, None], make_attn_mask(pad, ar), make_positions(pad),
+                                              return_kv_cache=True)
+        assert cache is not None
+        return cache, pad
+
+    def denoise_step(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor,
+                     time: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """One velocity evaluation on a cached prefix: x_t (B,H,A), t (B,), condition (B,) -> v_t (B,H,A).
+
+        as in openpi pi0.py sample_actions step(): suffix queries see every valid prefix key plus
+        the suffix block mask; suffix positions continue from sum(prefix_mask).
+        """
+        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time, condition)
+        t_s = s_emb.shape[1]
+        prefix_part = prefix_pad[:, None, :].expand(-1, t_s, -1)  # (B, Ts, Tp)
+        mask = torch.cat([prefix_part, make_attn_mask(s_pad, s_ar)], -1)  # (B, Ts, Tp + Ts)
+        positions = make_positions(s_pad, offset=prefix_pad.sum(-1))
+        (_, s_out), _ = self.paligemma_with_expert([None, s_emb], mask, positions, kv_cache=kv_cache)
+        return self._velocity(s_out)
+
+    @torch.no_grad()
+    def sample_actions(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                       lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor | None = None,
+                       num_steps: int = 10, guidance: float | None = None) -> torch.Tensor:
+        """Denoise from ``noise`` (B,H,A) (default N(0,1)) with ``num_steps`` Euler steps -> actions (B,H,A).
+
+        The prefix runs once; its per-layer keys/values are reused by every Euler step. ``guidance`` w (needs
+        ``cfg.optimality_condition``): v = v_uncond + w (v_cond - v_uncond); None = unconditioned.
+        """
+        if self.fast_sampler is not None and guidance is None:  # same numbers, fewer FLOPs (test_fast_sampler.py)
+            return self.fast_sampler.sample_actions(images, img_masks, lang_tokens, lang_masks, state, noise, num_steps)
+        b = state.shape[0]
+        if noise is None:
+            noise = torch.randn(b, self.cfg.action_horizon, self.cfg.action_dim, device=state.device)
+        kv_cache, prefix_pad = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
+        if guidance is None:
+            velocity = lambda x, t: self.denoise_step(kv_cache, prefix_pad, state, x, t)  # noqa: E731
+        else:
+            velocity = self.guided_velocity_fn(kv_cache, prefix_pad, state, float(guidance))
+        return euler_integrate(velocity, noise.float(), num_steps)
+
+    def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
+                           ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """(x_t (B,H,A), t (B,)) -> guided velocity (B,H,A) on a shared prefix cache (CFG-style RL).
+
+        as in CFGRL (Frans et al. 2025): v = v_u + w (v_c - v_u). w=0 and w=1 need one pass (uncond / cond);
+        otherwise both branches run in ONE batched pass with the prefix cache repeated along the batch.
+        """
+        if not self.cfg.optimality_condition:
+            raise ValueError("guided sampling needs a model with optimality_condition=True "
+                             "(enable it with PI0Model.enable_optimality_condition() and train it)")
+        b = state.shape[0]
+        if w in (0.0, 1.0):
+            cond = torch.full((b,), w, device=state.device)
+            return lambda x, t: self.denoise_step(kv_cache, prefix_pad, state, x, t, cond)
+        cache2 = [(k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1)) for k, v in kv_cache]
+        pad2, state2 = prefix_pad.repeat(2, 1), state.repeat(2, 1)
+        cond2 = torch.cat([torch.zeros(b, device=state.device), torch.ones(b, device=state.device)])
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            v = self.denoise_step(cache2, pad2, state2, x.repeat(2, 1, 1), t.repeat(2), cond2)
+            return cfg_combine(v[:b], v[b:], w)
+        return velocity
+
+    def enable_fast_sampling(self, enabled: bool = True, **options: Any) -> FastSampler | None:
+        """Route ``sample_actions`` through ``pi0.models.fast_sampler.FastSampler(self, **options)`` (e.g. compile=True,
+        cuda_graph=None: auto on CUDA); ``enabled=False`` restores the eager reference path."""
+        self.fast_sampler = FastSampler(self, **options) if enabled else None
+        return self.fast_sampler
+
+    @torch.no_grad()
+    def sample_actions_uncached(self, images: list[torch.Tensor], img_masks: list[torch.Tensor],
+                                lang_tokens: torch.Tensor, lang_masks: torch.Tensor, state: torch.Tensor,
+                                noise: torch.Tensor, num_steps: int = 10) -> torch.Tensor:
+        """Same as ``sample_actions`` but recomputes the prefix at every step (baseline for bench/sampling.py)."""
+        return euler_integrate(
+            lambda x, t: self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t),
+            noise.float(), num_steps)
