@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from pi0.evaluation.libero_eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
 from pi0.errors import require_path, run_cli  # noqa: E402
+from pi0.models.init import round_params_  # noqa: E402
 from pi0.policies import load_policy  # noqa: E402
 from pi0.policies.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
@@ -60,8 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         policy = tiny_policy().to(cfg.device)
         if cfg.openpi_bf16_params:
-            with torch.no_grad():
-                policy.model.round_params_(torch.bfloat16)
+            round_params_(policy.model, torch.bfloat16)
     results = evaluate_libero(policy, ev)
     for t, r in results["per_task"].items():
         print(f"task {t:>2}: {r['successes']:>3}/{r['episodes']:<3} = {r['success_rate']:.1%}  {r['language']}")

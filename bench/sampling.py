@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--vision", default=None)
     p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--attn", default="eager", choices=["eager", "sdpa"])
+    p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"], help="as the policy (default sdpa)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cameras", type=int, default=2, help="unmasked cameras (of 3)")

@@ -224,7 +224,7 @@ def main() -> None:
     p.add_argument("--replay_init_ids", nargs="+", type=int, default=[0, 1])
     p.add_argument("--replay_steps", type=int, default=max(REPLAY_CHECKPOINTS))
     p.add_argument("--workers", type=int, default=2, help="probe subprocesses at a time (2 CPU cores: at most 2)")
-    p.add_argument("--out_dir", default="outputs/sim_stack_divergence")
+    p.add_argument("--out_dir", default="runs/sim_stack_divergence")
     p.add_argument("--report_only", action="store_true", help="summarise the cached probes, run nothing")
     # probe mode (runs under the interpreter being measured)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)

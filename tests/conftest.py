@@ -15,7 +15,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# ../shared beside the repo; PI0_SHARED points elsewhere (the lent GPU machine gets a copy carried in the repo).
+SHARED = Path(os.environ.get("PI0_SHARED", REPO.parent / "shared"))
 GOLDEN = SHARED / "golden"
 PI0_TINY = GOLDEN / "openpi_pi0_tiny"
 LIBERO_TINY = GOLDEN / "openpi_libero_policy_tiny"

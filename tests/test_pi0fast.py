@@ -65,7 +65,13 @@ def converted(tmp_path_factory):
 @pytest.mark.parametrize("extra, message", [
     ((), "missing --fast_tokenizer: a pi0-FAST checkpoint decodes actions with the FAST tokenizer"),
     (("--fast_tokenizer", "/nonexistent/fast"), "is not a FAST tokenizer directory"),
-    (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer")), "--tokenizer None is not a file"),
+    (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer")), "missing --tokenizer: a pi0-FAST checkpoint needs"),
+    (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--openpi_config", "pi0_fast_libero", "--tokenizer",
+      str(GOLDEN / "openpi_libero_policy_tiny" / "tokenizer.model")),
+     "--tokenizer has 400 pieces but the checkpoint's vocabulary has 1024"),
+    (("--fast_tokenizer", str(GOLDEN / "openpi_pi0_tiny"), "--tokenizer", str(FAST_POLICY / "tokenizer.model")),
+     "is not a FAST tokenizer directory (lacks ['processor_config.json', 'tokenizer.json', 'tokenizer_config.json'])"),
+    (("--openpi_config", "pi05_libero"), "pi05 conversion is not implemented yet; implemented: pi0_libero"),
     (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--tokenizer", str(FAST_POLICY / "tokenizer.model")),
      "does not record its action_horizon: pass --openpi_config NAME (one of pi0_fast_libero, pi0_fast_droid)"),
     (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--tokenizer", str(FAST_POLICY / "tokenizer.model"),
@@ -216,7 +222,9 @@ def test_early_stop_and_unused_slots_are_zero():
     for i in range(out.shape[0]):
         alone = m.sample_tokens([im[i:i + 1] for im in images], [mk[i:i + 1] for mk in masks], tokens[i:i + 1],
                                 tmask[i:i + 1], max_decoding_steps=6)
-        assert torch.equal(alone[0, :first[i] + 1], out[i, :first[i] + 1])
+        assert torch.equal(alone[0], out[i])
+    # stopping once every sample is done changes nothing: the full budget gives the same tokens
+    assert torch.equal(m.sample_tokens(images, masks, tokens, tmask, max_decoding_steps=6, early_stop=False), out)
 
 
 def test_cache_and_temperature_sampling():

@@ -309,12 +309,11 @@ def test_runner_step_cap_and_truncation():
 
 def test_grouped_runner_keeps_groups_together():
     from pi0.rollout import libero_runner_config, ript_vla_runner_config
-    from pi0.ript.env import make_runner
     from pi0.ript.env.pi0_libero_runner import LIBEROEnvRunner
     from pi0.ript.env.pi0_libero_runner_ript_vla import PI0LiberoRunner
 
     cfg = ript_vla_runner_config(num_groups=2, group_size=2, use_subprocess=False)
-    r = make_runner(cfg, ArenaExpertPolicy(horizon=8), EnvSpec("arena-v0", {"resolution": 64}))
+    r = PI0LiberoRunner(EnvSpec("arena-v0", {"resolution": 64}), ArenaExpertPolicy(horizon=8), cfg)
     assert isinstance(r, PI0LiberoRunner) and r.config.schedule == "grouped" and r.num_groups == 2
     assert r.config.num_envs == 4 and r.config.group_size == 2
     with r:
@@ -326,7 +325,7 @@ def test_grouped_runner_keeps_groups_together():
         a, b = eps[2 * g], eps[2 * g + 1]
         assert a.worker_index // 2 == b.worker_index // 2 and a.length == b.length
     assert_same_episodes(eps, list(reference_run()))
-    r2 = make_runner(libero_runner_config(use_subprocess=False), None, EnvSpec("arena-v0", {"resolution": 64}))
+    r2 = LIBEROEnvRunner(EnvSpec("arena-v0", {"resolution": 64}), None, libero_runner_config(use_subprocess=False))
     assert type(r2) is LIBEROEnvRunner and r2.config.schedule == "greedy"
     # thin configurations: no loop code of their own
     assert PI0LiberoRunner.run is RolloutRunner.run and LIBEROEnvRunner.run_requests is RolloutRunner.run_requests

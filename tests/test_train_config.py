@@ -13,7 +13,7 @@ import torch
 from conftest import REPO
 from pi0.errors import UserError
 from pi0.ript.config import load_config, presets
-from pi0.ript.config.schema import apply_features, TrainConfig
+from pi0.ript.config.schema import TrainConfig, apply_features, save_config
 
 TINY = ["task.warm_start_demos=2", "task.warm_start_steps=5", "env.runner.max_steps=15", "task.train_states=6",
         "task.eval_start=6", "task.eval_states=2", "algo.num_groups=2", "algo.group_size=2",
@@ -79,6 +79,35 @@ def test_feature_flags_switch_the_runner_and_sampling():
     assert cfg.algo.dynamic_sampling is False
     off = apply_features(TrainConfig())
     assert (off.env.runner.use_subprocess, off.env.runner.schedule, off.algo.dynamic_sampling) == (False, "greedy", True)
+
+
+@pytest.mark.parametrize("key, instead", [
+    ("env.runner.use_subprocess=true", "features.enable_parallel_envs"),
+    ("env.runner.schedule=grouped", "features.use_ript_vla_runner"),
+    ("env.runner.group_size=4", "features.use_ript_vla_runner"),
+    ("algo.dynamic_sampling=false", "features.enable_smart_sampling"),
+])
+def test_one_name_per_setting(tmp_path, key, instead):
+    """A derived key is refused, from the command line or a YAML file, with the one key to set instead."""
+    with pytest.raises(UserError, match=f"the command line sets {key.split('=')[0]}, which is derived from {instead}"):
+        load_config("debug_train_pi0", [key])
+    dotted, value = key.split("=")
+    yaml = tmp_path / "c.yaml"
+    *parents, leaf = dotted.split(".")
+    yaml.write_text("".join(f"{'  ' * i}{k}:\n" for i, k in enumerate(parents)) + f"{'  ' * len(parents)}{leaf}: {value}\n")
+    with pytest.raises(UserError, match=f"config file {yaml} sets {dotted}, which is derived from {instead}"):
+        load_config(str(yaml))
+
+
+def test_ript_vla_num_envs_defaults_to_all_groups_and_saved_config_reloads(tmp_path):
+    flags = ["features.use_ript_vla_runner=true", "algo.num_groups=3", "algo.group_size=2"]
+    assert load_config("debug_train_pi0", flags, check_paths=False).env.runner.num_envs == 4  # the preset's 4
+    cfg = load_config(None, flags, check_paths=False)
+    assert (cfg.env.runner.num_envs, cfg.env.runner.schedule, cfg.env.runner.group_size) == (6, "grouped", 2)
+    saved = save_config(cfg, tmp_path / "config.yaml")
+    assert "use_subprocess" not in saved.read_text() and "dynamic_sampling" not in saved.read_text()
+    again = load_config(str(saved), check_paths=False)
+    assert again.env.runner == cfg.env.runner and again.algo == cfg.algo
 
 
 @pytest.mark.parametrize("args", [

@@ -50,13 +50,20 @@ OPENPI_CONFIGS: dict[str, OpenpiConfig] = {
 }
 
 
+IMPLEMENTED = ("pi0", "pi0fast")  # model types the converter handles (pi0.5: not yet)
+
+
 def get_openpi_config(name: str, model_type: str | None = None) -> OpenpiConfig:
     """The preset ``name``; ``model_type`` (from the params tree) must agree with it. UserError otherwise."""
     if name not in OPENPI_CONFIGS:
         raise UserError(f"unknown --openpi_config {name!r}; known openpi configs: {', '.join(OPENPI_CONFIGS)}")
     cfg = OPENPI_CONFIGS[name]
+    if cfg.model_type not in IMPLEMENTED:
+        ready = [n for t in IMPLEMENTED for n in names_for(t)]
+        raise UserError(f"--openpi_config {name} is a {cfg.model_type} config, and {cfg.model_type} conversion is not "
+                        f"implemented yet; implemented: {', '.join(ready)}")
     if model_type is not None and cfg.model_type != model_type:
-        matching = [n for n, c in OPENPI_CONFIGS.items() if c.model_type == model_type]
+        matching = names_for(model_type)
         raise UserError(f"--openpi_config {name} is a {cfg.model_type} config but the checkpoint holds a "
                         f"{model_type} parameter tree; choose one of {', '.join(matching)}")
     return cfg

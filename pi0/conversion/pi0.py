@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,7 +27,7 @@ from pi0.models.pi0 import PI0Model, param_storage_dtype
 from pi0.policies.normalize import load_norm_stats, save_norm_stats
 from pi0.policies.pi0 import PI0Policy, PolicyConfig
 from pi0.policies.tokenizer import PaligemmaTokenizer, build_tokenizer_model
-from pi0.utils.checkpoint_io import SafetensorsWriter
+from pi0.utils.checkpoint_io import SafetensorsWriter, atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -415,6 +414,10 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
     stats = load_norm_stats(ns_path)
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
+    src = OrbaxParams(params_dir)  # metadata only
+    if any(k.startswith("time_mlp_in/") for k in src.shapes):
+        raise UserError(f"{params_dir} holds a pi0.5 parameter tree (time_mlp_in, adaRMS norms): pi0.5 conversion is "
+                        "not implemented yet (pi0 and pi0-FAST trees convert)")
     normalization = "zscore"
     if openpi_config is not None:
         preset = get_openpi_config(openpi_config, "pi0")
@@ -424,16 +427,13 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
         if delta_action_dims is None:
             delta_action_dims = preset.delta_action_dims
     delta_action_dims = resolve_delta_action_dims(ns_path, delta_action_dims)
-    src = OrbaxParams(params_dir)  # metadata only
     cfg = infer_config(src.shape_view(), dtype=dtype, **config_overrides)
     log.info("inferred config: %s", cfg)
     with torch.device("meta"):
         model = PI0Model(cfg)
     plan = plan_conversion(src.shape_view(), cfg, {k: tuple(v.shape) for k, v in model.state_dict().items()})
     # Write into a sibling temp dir and rename at the end: a failed conversion leaves no partial output.
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", dir=output_path.parent))
-    try:
+    with atomic_directory(output_path) as tmp_out:
         if tokenizer is None:
             log.warning("no --tokenizer given: writing a small offline stand-in tokenizer; pass PaliGemma's "
                         "sentencepiece model for real checkpoints")
@@ -445,10 +445,4 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
         stream_convert(src, plan, cfg, tmp_out / "model.safetensors")
         (tmp_out / "config.json").write_text(json.dumps(pol_cfg.to_dict(), indent=2))
         save_norm_stats(stats, tmp_out / "norm_stats.json")
-        if output_path.exists():
-            shutil.rmtree(output_path)
-        tmp_out.chmod(0o755)
-        tmp_out.rename(output_path)
-    finally:
-        shutil.rmtree(tmp_out, ignore_errors=True)
     return output_path

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -23,13 +21,15 @@ import numpy as np
 import torch
 
 from pi0.conversion.openpi_configs import OpenpiConfig, get_openpi_config, names_for
-from pi0.conversion.pi0 import OrbaxParams, find_norm_stats, read_orbax_params, resolve_delta_action_dims
+from pi0.conversion.pi0 import OrbaxParams, find_norm_stats, resolve_delta_action_dims
 from pi0.errors import MissingPathError, UserError
 from pi0.models.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, SiglipConfig
 from pi0.models.pi0fast import PI0FASTModel, Pi0FASTConfig
 from pi0.policies.fast_tokenizer import FASTTokenizer
 from pi0.policies.normalize import load_norm_stats
 from pi0.policies.pi0fast import FASTPolicyConfig, PI0FASTPolicy
+from pi0.policies.tokenizer import PaligemmaTokenizer
+from pi0.utils.checkpoint_io import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -185,16 +185,36 @@ FAST_TOKENIZER_HELP = (
     "garbage; for a model of your own, fit one explicitly with `python -m pi0.policies.fast_tokenizer fit`")
 
 
-def check_fast_tokenizer_dir(fast_tokenizer: str | Path | None) -> Path:
-    """The FAST tokenizer directory, or a one-line UserError saying where it comes from and what to pass."""
+FAST_FILES = ("processor_config.json", "tokenizer.json", "tokenizer_config.json")  # the last: the text clean-up
+
+
+def load_fast_tokenizer(fast_tokenizer: str | Path | None) -> FASTTokenizer:
+    """The FAST tokenizer of ``--fast_tokenizer``, or a one-line UserError saying where it comes from and what to
+    pass (missing flag, missing files, unreadable files)."""
     if fast_tokenizer is None:
         raise UserError(f"missing --fast_tokenizer: {FAST_TOKENIZER_HELP}")
     path = Path(fast_tokenizer)
-    missing = [f for f in ("processor_config.json", "tokenizer.json") if not (path / f).is_file()]
+    missing = [f for f in FAST_FILES if not (path / f).is_file()]
     if not path.is_dir() or missing:
         raise MissingPathError(f"--fast_tokenizer {path} is not a FAST tokenizer directory (lacks "
                                f"{missing or 'the directory'}): {FAST_TOKENIZER_HELP}")
-    return path
+    try:
+        return FASTTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - a corrupt file: say which directory, before any array is read
+        raise UserError(f"--fast_tokenizer {path} cannot be read ({type(e).__name__}: {e}): {FAST_TOKENIZER_HELP}"
+                        ) from None
+
+
+def check_vocabularies(text: PaligemmaTokenizer, fast: FASTTokenizer, vocab_size: int) -> None:
+    """UserError unless the text tokenizer covers the model vocabulary (openpi reads decoded ids back as text) and
+    the FAST ids, mapped to ``vocab_size - 1 - 128 - t``, land above the 4 special ids."""
+    if text.vocab_size < vocab_size:
+        raise UserError(f"--tokenizer has {text.vocab_size} pieces but the checkpoint's vocabulary has {vocab_size}: "
+                        f"pass the PaliGemma sentencepiece model the checkpoint was trained with")
+    lowest = vocab_size - 1 - 128 - (fast.bpe_vocab_size - 1)
+    if lowest < 4:
+        raise UserError(f"--fast_tokenizer has {fast.bpe_vocab_size} tokens, more than fit below the last 128 ids of "
+                        f"the checkpoint's {vocab_size}-id vocabulary: is it the tokenizer of this checkpoint?")
 
 
 def resolve_fast_settings(preset: OpenpiConfig | None, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -213,31 +233,19 @@ def resolve_fast_settings(preset: OpenpiConfig | None, overrides: dict[str, Any]
 
 
 def convert_pi0fast_checkpoint(flat: Flat, output_path: str | Path, norm_stats_path: str | Path,
-                               tokenizer: str | Path, fast_tokenizer: str | Path, dtype: str = "float32",
+                               tokenizer: PaligemmaTokenizer, fast: FASTTokenizer, dtype: str = "float32",
                                delta_action_dims: int = 0, normalization: str = "quantile",
                                **overrides: Any) -> Path:
     """Write a ``PI0FASTPolicy`` directory from already-read flat params (atomically: temp dir + rename)."""
     stats = load_norm_stats(norm_stats_path)
-    if not Path(tokenizer).is_file():
-        raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
-    fast = FASTTokenizer.from_pretrained(check_fast_tokenizer_dir(fast_tokenizer))
     overrides.setdefault("action_dim", stats["actions"].dim)
     overrides.setdefault("decode_position_offset", 1)  # as openpi serves it (see Pi0FASTConfig)
     model = build_fast_model(flat, **overrides)
-    output_path = Path(output_path)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", dir=output_path.parent))
-    try:
-        pol_cfg = FASTPolicyConfig(model=model.cfg, delta_action_dims=delta_action_dims, normalization=normalization)
-        policy = PI0FASTPolicy.build(pol_cfg, stats, tokenizer, fast, model)
+    pol_cfg = FASTPolicyConfig(model=model.cfg, delta_action_dims=delta_action_dims, normalization=normalization)
+    policy = PI0FASTPolicy.build(pol_cfg, stats, tokenizer, fast, model)
+    with atomic_directory(output_path) as tmp:
         policy.save_pretrained(tmp, dtype=dtype)
-        if output_path.exists():
-            shutil.rmtree(output_path)
-        tmp.chmod(0o755)
-        tmp.rename(output_path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return output_path
+    return Path(output_path)
 
 
 def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, norm_stats: str | Path | None = None,
@@ -246,9 +254,9 @@ def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, n
                           openpi_config: str | None = None, **overrides: Any) -> Path | None:
     """Convert ``checkpoint_dir`` if it holds a pi0-FAST tree (-> output path), else return None (not ours).
 
-    Every input is checked from metadata before any array is read: the FAST tokenizer, the horizon and token
-    budget (explicit ``overrides`` win over ``openpi_config``), the norm stats and the delta-action dims
-    (explicit, else the preset, else known from the asset id as for pi0).
+    Every input is checked from metadata before any array is read: both tokenizers (readable, and fitting the
+    checkpoint's vocabulary), the horizon and token budget (explicit ``overrides`` win over ``openpi_config``), the
+    norm stats and the delta-action dims (explicit, else the preset, else known from the asset id as for pi0).
     """
 
     params_dir = Path(checkpoint_dir)
@@ -256,16 +264,22 @@ def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, n
         return None  # the pi0 converter reports a missing directory
     if not (params_dir / "_METADATA").exists() and (params_dir / "params" / "_METADATA").exists():
         params_dir = params_dir / "params"
-    if not (params_dir / "_METADATA").exists() or not is_pi0fast_tree(OrbaxParams(params_dir).shapes):
+    if not (params_dir / "_METADATA").exists():
+        return None
+    src = OrbaxParams(params_dir)  # metadata only
+    if not is_pi0fast_tree(src.shapes):
         return None
     log.info("pi0-FAST parameter tree detected in %s", params_dir)
     preset = get_openpi_config(openpi_config, "pi0fast") if openpi_config else None
-    check_fast_tokenizer_dir(fast_tokenizer)
+    fast = load_fast_tokenizer(fast_tokenizer)
     if tokenizer is None or not Path(tokenizer).is_file():
-        raise MissingPathError(f"--tokenizer {tokenizer} is not a file: a pi0-FAST checkpoint needs PaliGemma's "
-                               f"sentencepiece model (paligemma_tokenizer.model, a local copy), since openpi reads the "
-                               f"decoded action ids back as text")
+        what = "missing --tokenizer" if tokenizer is None else f"--tokenizer {tokenizer} is not a file"
+        raise MissingPathError(f"{what}: a pi0-FAST checkpoint needs PaliGemma's sentencepiece model "
+                               f"(paligemma_tokenizer.model, a local copy), since openpi reads the decoded action ids "
+                               f"back as text")
     overrides = resolve_fast_settings(preset, {k: v for k, v in overrides.items() if v is not None})
+    text = PaligemmaTokenizer(tokenizer, overrides["max_token_len"])
+    check_vocabularies(text, fast, src.shapes[f"{LLM}embedder/input_embedding"][0])
     ns = Path(norm_stats) if norm_stats else find_norm_stats(params_dir)
     if ns is None or not ns.is_file():
         raise MissingPathError(f"no norm_stats.json under {params_dir.resolve().parent}/assets/*/; "
@@ -277,6 +291,5 @@ def maybe_convert_pi0fast(checkpoint_dir: str | Path, output_path: str | Path, n
     if delta_action_dims is None and preset is not None:
         delta_action_dims = preset.delta_action_dims
     delta_action_dims = resolve_delta_action_dims(ns, delta_action_dims)
-    return convert_pi0fast_checkpoint(read_orbax_params(params_dir), output_path, ns, tokenizer, fast_tokenizer,
-                                      dtype, delta_action_dims=delta_action_dims, normalization=normalization,
+    return convert_pi0fast_checkpoint(src.read(list(src.shapes)), output_path, ns, text, fast, dtype, delta_action_dims=delta_action_dims, normalization=normalization,
                                       **overrides)

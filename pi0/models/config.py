@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 # as in openpi gemma.py get_config(): (width, depth, mlp_dim, num_heads, num_kv_heads, head_dim)
 GEMMA_VARIANTS: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -56,6 +56,21 @@ def config_from_dict(cls: type, data: dict[str, Any], nested: dict[str, type] | 
         if isinstance(data.get(key), dict):
             data[key] = sub.from_dict(data[key]) if hasattr(sub, "from_dict") else config_from_dict(sub, data[key])
     return cls(**data)
+
+
+class DictConfig:
+    """``to_dict`` / ``from_dict`` of a config dataclass; ``NESTED`` names its fields that hold other configs."""
+
+    NESTED: ClassVar[dict[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready nested dict."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
+        return config_from_dict(cls, data, cls.NESTED)
 
 
 @dataclass(frozen=True)
@@ -122,8 +137,11 @@ class SiglipConfig:
 
 
 @dataclass(frozen=True)
-class Pi0Config:
+class Pi0Config(DictConfig):
     """The whole pi0 model: PaliGemma (SigLIP + Gemma) + a Gemma action expert + flow-matching heads."""
+
+    NESTED: ClassVar[dict[str, type]] = {"paligemma": GemmaConfig, "action_expert": GemmaConfig,
+                                         "vision": SiglipConfig}
 
     paligemma: GemmaConfig = field(default_factory=lambda: GemmaConfig.from_variant("gemma_2b"))
     action_expert: GemmaConfig = field(default_factory=lambda: GemmaConfig.from_variant("gemma_300m"))
@@ -168,13 +186,3 @@ class Pi0Config:
         )
         kw.update(overrides)
         return cls(**kw)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready nested dict."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Pi0Config":
-        """Inverse of ``to_dict``; rejects unknown keys with a clear message."""
-        return config_from_dict(cls, data, {"paligemma": GemmaConfig, "action_expert": GemmaConfig,
-                                            "vision": SiglipConfig})

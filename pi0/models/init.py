@@ -1,4 +1,5 @@
-"""Parameter initialisation for training a model from scratch (tiny arena policies, pi0 and pi0-FAST)."""
+"""Parameter initialisation for training a model from scratch (tiny arena policies, pi0 and pi0-FAST), and the
+bf16 rounding of openpi's serving."""
 
 from __future__ import annotations
 
@@ -40,3 +41,15 @@ def scratch_init_(model: nn.Module, gen: torch.Generator) -> None:
             mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * mod.weight.shape[1] ** -0.5)
     if getattr(model, "optimality_embedding", None) is not None:
         model.optimality_embedding.zero_()
+
+
+@torch.no_grad()
+def round_params_(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Round every weight through ``dtype`` in place, keeping its storage dtype.
+
+    Unmodified openpi serving (create_trained_policy -> restore_params(dtype=bfloat16)) runs a float32 model on
+    bf16-rounded weights; this reproduces those numbers exactly.
+    """
+    for p in model.parameters():
+        p.copy_(p.to(dtype).to(p.dtype))
+    return model

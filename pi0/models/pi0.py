@@ -78,17 +78,6 @@ class PI0Model(nn.Module):
         """Activation dtype."""
         return self.paligemma_with_expert.compute_dtype
 
-    @torch.no_grad()
-    def round_params_(self, dtype: torch.dtype = torch.bfloat16) -> "PI0Model":
-        """Round every weight through ``dtype`` in place, keeping its storage dtype.
-
-        Unmodified openpi serving (create_trained_policy -> restore_params(dtype=bfloat16)) runs a float32
-        model on bf16-rounded weights; this reproduces those numbers exactly.
-        """
-        for p in self.parameters():
-            p.copy_(p.to(dtype).to(p.dtype))
-        return self
-
     def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """Apply ``layer`` after casting x to its weight dtype."""
         return layer(x.to(layer.weight.dtype))

@@ -13,22 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pi0.models.attention import apply_rope, attention, make_attn_mask
-from pi0.models.config import DTYPES, PALIGEMMA_VOCAB_SIZE, GemmaConfig, SiglipConfig, config_from_dict
+from pi0.models.config import DTYPES, PALIGEMMA_VOCAB_SIZE, DictConfig, GemmaConfig, SiglipConfig
 from pi0.models.paligemma_with_expert import KVCache, PaliGemma
 
 PALIGEMMA_EOS_TOKEN = 1  # as in openpi pi0_fast.py
 
 
 @dataclass(frozen=True)
-class Pi0FASTConfig:
+class Pi0FASTConfig(DictConfig):
     """The pi0-FAST network: SigLIP + one Gemma (no action expert) + the FAST token budget."""
+
+    NESTED: ClassVar[dict[str, type]] = {"paligemma": GemmaConfig, "vision": SiglipConfig}
 
     paligemma: GemmaConfig = field(default_factory=lambda: GemmaConfig.from_variant("gemma_2b"))
     vision: SiglipConfig = field(default_factory=lambda: SiglipConfig.from_variant("So400m/14"))
@@ -65,15 +67,6 @@ class Pi0FASTConfig:
                                   action_horizon=10, max_token_len=128, max_decoding_steps=48)
         kw.update(overrides)
         return cls(**kw)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready nested dict."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Pi0FASTConfig":
-        """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
-        return config_from_dict(cls, data, {"paligemma": GemmaConfig, "vision": SiglipConfig})
 
 
 class PI0FASTModel(nn.Module):
@@ -189,9 +182,9 @@ class PI0FASTModel(nn.Module):
         """Decode (B, max_decoding_steps) long tokens after the prefix (greedy when temperature == 0).
 
         as in openpi pi0_fast.py sample_actions: right-align the prefix, prefill a KV cache of size
-        prefix + steps, then one token per step; stop early once EVERY sample emitted EOS at the same step
-        (``early_stop=False``: always decode the whole budget, for benchmarks);
-        unused slots, and those after a sample's own EOS, are 0. Decoded tokens attend to cache slots [prefix_start, current) where
+        prefix + steps, then one token per step; stop early once every sample has emitted EOS (openpi waits for
+        all to emit it at the same step; the output is the same, since a sample's slots after its own EOS are 0 as
+        when openpi serves it alone) (``early_stop=False``: always decode the whole budget, for benchmarks). Decoded tokens attend to cache slots [prefix_start, current) where
         prefix_start = T - sum(prefix_mask) (openpi's range mask). ``use_kv_cache=False`` recomputes the
         whole sequence every step (the benchmark baseline; the same tokens unless a camera is masked, whose
         fully-masked prefix rows then average over decoded keys instead of openpi's zero cache padding).
@@ -208,6 +201,7 @@ class PI0FASTModel(nn.Module):
         pre, cache = self.transformer(emb, attn, positions, pad_keys_to=t + steps)
         last_logit = self.logits(pre[:, -1])  # (B, V)
         out = torch.zeros(b, steps, dtype=torch.long, device=dev)
+        done = torch.zeros(b, dtype=torch.bool, device=dev)  # emitted EOS at some step
         all_pos, all_emb = positions, emb
         for step in range(steps):
             if temperature > 0.0:
@@ -216,7 +210,8 @@ class PI0FASTModel(nn.Module):
             else:
                 token = last_logit.argmax(-1)
             out[:, step] = token
-            if (early_stop and bool((token == PALIGEMMA_EOS_TOKEN).all())) or step == steps - 1:
+            done |= token == PALIGEMMA_EOS_TOKEN
+            if (early_stop and bool(done.all())) or step == steps - 1:
                 break
             tok_emb = self.lm.embed(token[:, None]).to(self.compute_dtype)  # (B, 1, D)
             pos = (prefill_len + step + self.cfg.decode_position_offset)[:, None]
@@ -243,4 +238,3 @@ class PI0FASTModel(nn.Module):
         mask = torch.cat([prefix_attn, dec_rows], 1)  # (B, n, T + steps)
         pre, _ = self.transformer(emb, mask, positions, pad_keys_to=t + steps)
         return self.logits(pre[:, -1])
-

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from pi0.models.init import round_params_
 from pi0.models.pi0 import param_storage_dtype
 from pi0.policies.normalize import load_norm_stats, save_norm_stats
 from pi0.policies.tokenizer import PaligemmaTokenizer
@@ -117,7 +118,5 @@ class PretrainedPolicy:
         model.to_empty(device=torch.device(device))
         checkpoint_io.load_safetensors_into(model, files["model.safetensors"], prefix="model.")
         if openpi_bf16_params:
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(p.to(torch.bfloat16).to(p.dtype))
+            round_params_(model, torch.bfloat16)
         return policy.eval()

@@ -254,6 +254,9 @@ class FASTTokenizer:
         except json.JSONDecodeError as e:
             raise ValueError(f"{directory / PROCESSOR_CONFIG} is not valid JSON: {e}") from e
         tok_cfg_path = directory / "tokenizer_config.json"
+        if not tok_cfg_path.is_file():
+            log.warning("%s has no tokenizer_config.json: assuming clean_up_tokenization_spaces=False (the published "
+                        "FAST tokenizer sets it; copy its tokenizer_config.json beside tokenizer.json)", directory)
         try:
             tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.is_file() else {}
         except json.JSONDecodeError as e:

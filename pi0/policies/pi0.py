@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,11 +18,11 @@ from torch import nn
 from pi0.models.config import CAMERA_KEYS, Pi0Config, config_from_dict
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.init import check_init_mode, scratch_init_
-from pi0.models.pi0 import PI0Model, param_storage_dtype
+from pi0.models.pi0 import PI0Model
+from pi0.policies.base import PretrainedPolicy
 from pi0.policies.io import Observation, PolicyIO
-from pi0.policies.normalize import MODES, NormStats, Stats, load_norm_stats, normalize, save_norm_stats, unnormalize
+from pi0.policies.normalize import MODES, NormStats, Stats, normalize, unnormalize
 from pi0.policies.tokenizer import PaligemmaTokenizer
-from pi0.utils import checkpoint_io
 
 
 @dataclass
@@ -67,8 +64,11 @@ class PolicyConfig:
         return config_from_dict(cls, data, {"model": Pi0Config})
 
 
-class PI0Policy(PolicyIO, nn.Module):
+class PI0Policy(PretrainedPolicy, PolicyIO, nn.Module):
     """pi0 with openpi's policy I/O: normalization, tokenization, cameras, action chunking."""
+
+    MODEL_TYPE = "pi0"
+    config_class, model_config_class, model_class = PolicyConfig, Pi0Config, PI0Model
 
     def __init__(self, config: PolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
                  model: PI0Model | None = None):
@@ -161,69 +161,6 @@ class PI0Policy(PolicyIO, nn.Module):
         return self._queue.popleft()
 
     # ------------------------------------------------------------------ persistence
-    def save_pretrained(self, directory: str | Path, dtype: str | None = None) -> Path:
-        """Write model.safetensors, config.json, norm_stats.json and tokenizer.model into ``directory``.
-
-        Tensors are cast and written one at a time (no second copy of the model in memory).
-        """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        cfg = self.config
-        if dtype is not None and dtype != cfg.model.dtype:
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
-        state = self.model.state_dict()
-        specs = {f"model.{k}": (param_storage_dtype(k, cfg.model.dtype), tuple(t.shape)) for k, t in state.items()}
-        with checkpoint_io.SafetensorsWriter(directory / "model.safetensors", specs) as writer:
-            for k, t in state.items():
-                writer.write(f"model.{k}", t.detach().to(specs[f"model.{k}"][0]))
-        (directory / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        save_norm_stats(self.norm_stats, directory / "norm_stats.json")
-        if self.tokenizer.model_path.resolve() != (directory / "tokenizer.model").resolve():
-            shutil.copyfile(self.tokenizer.model_path, directory / "tokenizer.model")
-        return directory
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        openpi_bf16_params: bool = False, **overrides: Any) -> "PI0Policy":
-        """Load a directory written by ``save_pretrained`` / the converter.
-
-        The model is built on the meta device, allocated once on ``device`` in its final dtypes, and every
-        tensor is read from model.safetensors straight into it (peak memory about one checkpoint, no float32
-        copy of a bf16 checkpoint, nothing on the CPU beyond one tensor when loading onto a GPU).
-        ``overrides`` patch config.json: PolicyConfig fields (n_action_steps, num_steps, ...) or Pi0Config
-        fields (dtype="bfloat16", attn_implementation="sdpa", ...). ``openpi_bf16_params`` rounds the
-        weights to bf16 as unmodified openpi serving does (see ``PI0Model.round_params_``).
-        """
-        directory = Path(directory)
-        files = checkpoint_io.check_policy_dir(directory)
-        try:
-            cfg_dict = json.loads(files["config.json"].read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{files['config.json']} is not valid JSON: {e}") from e
-        model_fields = {f.name for f in dataclasses.fields(Pi0Config)}
-        policy_fields = {f.name for f in dataclasses.fields(PolicyConfig)}
-        bad = sorted(set(overrides) - model_fields - policy_fields)
-        if bad:
-            raise ValueError(f"from_pretrained: unknown override(s) {bad}; valid: PolicyConfig fields "
-                             f"{sorted(policy_fields - {'model'})} or Pi0Config fields {sorted(model_fields)}")
-        cfg_dict["model"] = {**cfg_dict.get("model", {}), **{k: v for k, v in overrides.items() if k in model_fields}}
-        cfg_dict.update({k: v for k, v in overrides.items() if k not in model_fields})
-        try:
-            config = PolicyConfig.from_dict(cfg_dict)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{files['config.json']}: {e}") from e
-        norm_stats = load_norm_stats(files["norm_stats.json"])
-        tokenizer = PaligemmaTokenizer(files["tokenizer.model"], config.model.max_token_len)
-        with torch.device("meta"):
-            model = PI0Model(config.model)  # parameters already in their final dtypes (apply_precision)
-        checkpoint_io.check_safetensors_matches(model, files["model.safetensors"], prefix="model.")
-        policy = cls(config, norm_stats, tokenizer, model)  # validates stats/tokenizer before allocating
-        model.to_empty(device=torch.device(device))
-        checkpoint_io.load_safetensors_into(model, files["model.safetensors"], prefix="model.")
-        if openpi_bf16_params:
-            model.round_params_(torch.bfloat16)
-        return policy.eval()
-
     @classmethod
     def random_init(cls, config: PolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
                     seed: int = 0, std: float = 0.02, init: str = "noisy") -> "PI0Policy":

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from pi0.utils import checkpoint_io
 from pi0.models.config import CAMERA_KEYS, config_from_dict
 from pi0.policies.fast_tokenizer import FASTTokenizer, synthetic_chunks
 from pi0.models.init import check_init_mode, scratch_init_
 from pi0.models.pi0fast import PALIGEMMA_EOS_TOKEN, PI0FASTModel, Pi0FASTConfig
-from pi0.policies.normalize import MODES, NormStats, load_norm_stats, normalize, save_norm_stats, unnormalize
+from pi0.policies.normalize import MODES, NormStats, normalize, unnormalize
+from pi0.policies.base import PretrainedPolicy
 from pi0.policies.io import Observation, PolicyIO
 from pi0.policies.tokenizer import PaligemmaTokenizer
 
@@ -198,12 +196,16 @@ class FASTPolicyConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FASTPolicyConfig":
-        """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
-        return config_from_dict(cls, data, {"model": Pi0FASTConfig})
+        """Inverse of ``to_dict``; unknown keys raise ValueError naming them. A config.json written before
+        ``action_decoding`` existed decoded best effort, and loads so."""
+        return config_from_dict(cls, {"action_decoding": "best_effort", **data}, {"model": Pi0FASTConfig})
 
 
-class PI0FASTPolicy(PolicyIO, nn.Module):
+class PI0FASTPolicy(PretrainedPolicy, PolicyIO, nn.Module):
     """pi0-FAST with openpi's policy I/O and the same API as ``PI0Policy``."""
+
+    MODEL_TYPE = MODEL_TYPE
+    config_class, model_config_class, model_class = FASTPolicyConfig, Pi0FASTConfig, PI0FASTModel
 
     def __init__(self, config: FASTPolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
                  fast_tokenizer: FASTTokenizer, model: PI0FASTModel | None = None):
@@ -220,7 +222,8 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
         if config.action_decoding == "openpi" and tokenizer.vocab_size < m.vocab_size:
             raise ValueError(f"action_decoding='openpi' reads the decoded ids as text, but the text tokenizer has "
                              f"{tokenizer.vocab_size} pieces for a model vocab of {m.vocab_size} (a stand-in?): "
-                             f"pass PaliGemma's tokenizer, or use action_decoding='best_effort' for a model of your own")
+                             f"pass PaliGemma's tokenizer, or for a model of your own set \"action_decoding\": "
+                             f"\"best_effort\" in its config.json (or load_policy(dir, action_decoding='best_effort'))")
         self.prompt = FASTPromptTokenizer(tokenizer, fast_tokenizer, m.vocab_size, m.fast_skip_tokens, m.max_token_len)
         self._queue: collections.deque[torch.Tensor] = collections.deque()
 
@@ -321,67 +324,15 @@ class PI0FASTPolicy(PolicyIO, nn.Module):
             self._queue.extend(chunk[:, : self.config.n_action_steps].transpose(0, 1))
         return self._queue.popleft()
 
-    # ------------------------------------------------------------------ persistence
-    def save_pretrained(self, directory: str | Path, dtype: str | None = None) -> Path:
-        """Write model.safetensors, config.json, norm_stats.json, tokenizer.model and fast_tokenizer/."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        cfg = self.config
-        if dtype is not None and dtype != cfg.model.dtype:
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
-        tdt = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-        tensors = {f"model.{k}": v.detach().to(torch.float32 if "norm" in k else tdt).contiguous().cpu()
-                   for k, v in self.model.state_dict().items()}
-        checkpoint_io.save_safetensors(tensors, directory / "model.safetensors")
-        (directory / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        save_norm_stats(self.norm_stats, directory / "norm_stats.json")
-        if self.tokenizer.model_path.resolve() != (directory / "tokenizer.model").resolve():
-            shutil.copyfile(self.tokenizer.model_path, directory / "tokenizer.model")
+    # ------------------------------------------------------------------ persistence (the rest: PretrainedPolicy)
+    def _save_extras(self, directory: Path) -> None:
+        """The FAST tokenizer, in the published layout, under fast_tokenizer/."""
         self.fast_tokenizer.save_pretrained(directory / FAST_DIR)
-        return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        openpi_bf16_params: bool = False, **overrides: Any) -> "PI0FASTPolicy":
-        """Load a directory written by ``save_pretrained`` / the converter; ``overrides`` patch config.json
-        (FASTPolicyConfig fields such as temperature, or Pi0FASTConfig fields such as max_decoding_steps).
-        ``openpi_bf16_params`` rounds every weight through bf16 (float32 compute), as unmodified openpi serving
-        restores params."""
-        directory = Path(directory)
-        files = checkpoint_io.check_policy_dir(directory)
-        try:
-            cfg_dict = json.loads(files["config.json"].read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{files['config.json']} is not valid JSON: {e}") from e
-        if cfg_dict.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{files['config.json']} has model_type {cfg_dict.get('model_type')!r}, not "
-                             f"{MODEL_TYPE!r}: load it with pi0.policies.load_policy (dispatches on model_type)")
-        model_fields = {f.name for f in dataclasses.fields(Pi0FASTConfig)}
-        policy_fields = {f.name for f in dataclasses.fields(FASTPolicyConfig)}
-        bad = sorted(set(overrides) - model_fields - policy_fields)
-        if bad:
-            raise ValueError(f"from_pretrained: unknown override(s) {bad}; "
-                             f"valid: {sorted(policy_fields | model_fields)}")
-        cfg_dict["model"] = {**cfg_dict.get("model", {}), **{k: v for k, v in overrides.items() if k in model_fields}}
-        cfg_dict.update({k: v for k, v in overrides.items() if k not in model_fields})
-        try:
-            config = FASTPolicyConfig.from_dict(cfg_dict)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{files['config.json']}: {e}") from e
-        norm_stats = load_norm_stats(files["norm_stats.json"])
-        tokenizer = PaligemmaTokenizer(files["tokenizer.model"], config.model.max_token_len)
-        fast = FASTTokenizer.from_pretrained(directory / FAST_DIR)
-        state = checkpoint_io.load_safetensors(files["model.safetensors"])
-        with torch.device("meta"):
-            model = PI0FASTModel(config.model)
-        model = model.to_empty(device="cpu")
-        checkpoint_io.load_into(model, {k.removeprefix("model."): v for k, v in state.items()},
-                                source=files["model.safetensors"])
-        if openpi_bf16_params:
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(p.to(torch.bfloat16).to(p.dtype))
-        return cls(config, norm_stats, tokenizer, fast, model).to(device).eval()
+    def _load_extras(cls, directory: Path, config: FASTPolicyConfig) -> dict[str, Any]:
+        """{"fast_tokenizer": the FAST tokenizer of the directory}."""
+        return {"fast_tokenizer": FASTTokenizer.from_pretrained(directory / FAST_DIR)}
 
     @classmethod
     def random_init(cls, config: FASTPolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,

@@ -11,12 +11,9 @@ and (every ``eval_every`` iterations) the success rate on held-out init states. 
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -103,7 +100,7 @@ class RIPTTrainer:
 
     def __init__(self, policy: PI0Policy, runner: RolloutRunner, sampler: InitStateSampler, cfg: RLConfig,
                  eval_states: Sequence[tuple[int, int]] = (), history: InitStateHistory | None = None,
-                 writer: Any = None, anchor_windows: Sequence[Window] = ()):
+                 anchor_windows: Sequence[Window] = ()):
         self.policy, self.runner, self.cfg = policy, runner, cfg
         if cfg.anchor_ratio > 0 and not anchor_windows:
             raise ValueError("anchor_ratio > 0 needs anchor_windows (the warm start's demo windows)")
@@ -119,10 +116,6 @@ class RIPTTrainer:
                                        cfg.negative_weight)
         self.optimizer = RLOptimizerPI0_CFG(self.adapter, cfg.opt, seed=cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        if cfg.behavior not in BEHAVIORS:
-            raise ValueError(f"behavior must be one of {BEHAVIORS}, got {cfg.behavior!r}")
-        if cfg.refresh_gate < 0:
-            raise ValueError(f"refresh_gate must be >= 0, got {cfg.refresh_gate}")
         self.behavior = policy
         self.gate_rng = np.random.default_rng(cfg.seed + 11)  # the refresh test's init states
         # sums per-rank counts (RLConfig.refresh_gate); train_loop.build_trainer sets an all-reduce over ranks
@@ -134,7 +127,6 @@ class RIPTTrainer:
                                          cfg.group_size, cfg.dynamic_sampling, history, cfg.max_collect_attempts)
         self.replay = WindowReplay(cfg.replay_windows, cfg.seed + 13) if cfg.replay_windows > 0 else None
         self.eval_states = list(eval_states)
-        self.writer = writer
         self.iteration = 0
         self.curve: list[dict[str, float]] = []
 
@@ -223,10 +215,6 @@ class RIPTTrainer:
             print(f"[ript] iteration {self.iteration}: {col.exhausted}", flush=True)
         st["iteration"] = float(self.iteration)
         self.curve.append(st)
-        if self.writer is not None:
-            for k, v in st.items():
-                if k != "iteration":
-                    self.writer.add_scalar(k, v, self.iteration)
         self.last_collection = col
         return st
 
@@ -241,10 +229,3 @@ class RIPTTrainer:
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
         return self.curve
-
-    def save_curve(self, path: str | Path) -> Path:
-        """Write the per-iteration scalars as JSON."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.curve, indent=1))
-        return path

@@ -9,10 +9,14 @@ an already allocated parameter (no mmap: touched file pages would count as resid
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import struct
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,3 +246,20 @@ def load_safetensors_into(model: nn.Module, path: Path, prefix: str = "") -> Non
                 del buf
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a sibling temp directory to fill; on success it replaces ``path`` (one rename), on an error it is
+    removed, so a failed write never leaves a partial ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.chmod(0o755)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from pi0.errors import UserError, require_path
@@ -60,6 +60,8 @@ class TaskConfig:
 class EnvConfig:
     """The rollout runner and env construction."""
 
+    # The runner's use_subprocess, schedule and group_size are set from ``features`` (see DERIVED); a YAML that sets
+    # them is refused with the key to set instead. Under the RIPT-VLA layout num_envs defaults to num_groups x K.
     runner: RunnerConfig = field(default_factory=lambda: RunnerConfig(num_envs=8, use_subprocess=False))
     resolution: int = 64  # arena render size
     num_init_states: int = 200  # arena init states per task
@@ -69,13 +71,15 @@ class EnvConfig:
 class FeatureFlags:
     """Switches of optional behaviour; each is tested (tests/test_train_config.py)."""
 
-    # Step envs in subprocess workers (env.runner.use_subprocess=True) instead of in-process; LIBERO needs it.
+    # Step envs in subprocess workers instead of in-process; LIBERO needs it. (Sets env.runner.use_subprocess.)
     enable_parallel_envs: bool = False
     # RIPT-VLA runner layout: grouped schedule (the K members of a group advance together, one batched policy
-    # call per group round) with num_envs = algo.num_groups x algo.group_size (pi0.rollout.ript_vla_runner_config).
+    # call per group round), by default with num_envs = algo.num_groups x algo.group_size (every group at once;
+    # pi0.rollout.ript_vla_runner_config); False: the greedy schedule. (Sets env.runner.schedule and group_size.)
     use_ript_vla_runner: bool = False
     # Smart sampling: dynamic sampling (drop all-equal groups, keep collecting) + the init-state history
     # (skip states whose last K rollouts all succeeded, re-probe after history_reprobe_after skips).
+    # (Sets algo.dynamic_sampling.)
     enable_smart_sampling: bool = True
     history_reprobe_after: int = 3
     # Write logging.num_videos rollout videos (imageio mp4) of the last evaluation / collection.
@@ -158,10 +162,6 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_target": (lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0 = no early stop)"),
     "task.warm_start_val_states": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_aim_error": (lambda v: 0.0 <= v <= 0.2, "in [0, 0.2] metres (0 = the exact expert)"),
-    "env.runner.num_envs": (lambda v: v >= 1, ">= 1"),
-    "env.runner.replan_steps": (lambda v: v >= 1, ">= 1"),
-    "env.runner.schedule": (lambda v: v in ("greedy", "grouped"), "'greedy' or 'grouped'"),
-    "env.runner.in_process": (lambda v: v in ("serial", "thread", "asyncio"), "'serial', 'thread' or 'asyncio'"),
     "env.resolution": (lambda v: v >= 16, ">= 16"),
     "features.history_reprobe_after": (lambda v: v >= 1, ">= 1"),
     "distributed.backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
@@ -172,6 +172,30 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "warmup_iterations": (lambda v: v >= 0, ">= 0"),
     "device": (lambda v: v == "cpu" or v.startswith("cuda"), "'cpu' or 'cuda[:N]'"),
 }
+
+
+# Keys a config file or override may not set: each is derived from the one name given here (apply_features).
+DERIVED: dict[str, str] = {
+    "env.runner.use_subprocess": "features.enable_parallel_envs",
+    "env.runner.schedule": "features.use_ript_vla_runner",
+    "env.runner.group_size": "features.use_ript_vla_runner (the runner then takes algo.group_size)",
+    "algo.dynamic_sampling": "features.enable_smart_sampling",
+}
+
+
+def _reject_derived(layer: Any, where: str) -> None:
+    """UserError if ``layer`` (one YAML file or the overrides) sets a derived key, naming the key to set."""
+    for key, instead in DERIVED.items():
+        if OmegaConf.select(layer, key, default=None) is not None:
+            raise UserError(f"{where} sets {key}, which is derived from {instead}; remove it and set that instead")
+
+
+def check_ranges(cfg: Any) -> None:
+    """The range / choice checks of ``_RANGES`` (UserError naming the first bad key)."""
+    for key, (ok, allowed) in _RANGES.items():
+        v = _get(cfg, key)
+        if not ok(v):
+            raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -219,10 +243,7 @@ def _check_tasks(cfg: TrainConfig) -> None:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range / choice checks, task ids and the checkpoint path (raises UserError naming the key)."""
-    for key, (ok, allowed) in _RANGES.items():
-        v = _get(cfg, key)
-        if not ok(v):
-            raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
+    check_ranges(cfg)
     _check_tasks(cfg)
     warm_start = cfg.task.env == "arena" and not cfg.task.checkpoint  # the run starts from the arena's SFT warm start
     if cfg.algo.anchor_ratio > 0 and not warm_start:
@@ -263,18 +284,21 @@ class StageRules:
         return cfg
 
 
-def apply_features(cfg: TrainConfig) -> TrainConfig:
-    """Fold the feature flags into the runner / algo settings they switch (idempotent)."""
-    r, f = cfg.env.runner, cfg.features
-    changes: dict[str, Any] = {}
-    if f.enable_parallel_envs:
-        changes["use_subprocess"] = True
+def apply_features(cfg: TrainConfig, default_num_envs: bool = True) -> TrainConfig:
+    """Set the derived runner / algo fields (``DERIVED``) from the feature flags (idempotent).
+
+    Under the RIPT-VLA layout ``env.runner.num_envs`` defaults to algo.num_groups x algo.group_size (every group
+    advances at once); ``default_num_envs=False`` (the config set num_envs) keeps the given count (groups then run
+    in waves of num_envs // group_size).
+    """
+    f = cfg.features
+    changes: dict[str, Any] = dict(use_subprocess=f.enable_parallel_envs, schedule="greedy", group_size=1)
     if f.use_ript_vla_runner:
-        changes.update(schedule="grouped", num_envs=cfg.algo.num_groups * cfg.algo.group_size,
-                       group_size=cfg.algo.group_size)
-    if changes:
-        cfg.env.runner = r.replace(**changes)
-    cfg.algo.dynamic_sampling = cfg.algo.dynamic_sampling and f.enable_smart_sampling
+        changes.update(schedule="grouped", group_size=cfg.algo.group_size)
+        if default_num_envs:
+            changes["num_envs"] = cfg.algo.num_groups * cfg.algo.group_size
+    cfg.env.runner = cfg.env.runner.replace(**changes)
+    cfg.algo.dynamic_sampling = f.enable_smart_sampling
     return cfg
 
 
@@ -297,16 +321,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), c
     base = OmegaConf.structured(TrainConfig)
     try:
         layers = [base]
+        named: list[tuple[Any, str]] = []
         if path:
             p = Path(path)
             if not p.is_file():
                 p = preset_path(str(path)) if "/" not in str(path) else require_path(p, "--config_path", "a YAML file")
-            layers.append(OmegaConf.load(p))
+            named.append((OmegaConf.load(p), f"config file {p}"))
         bad = [o for o in overrides if "=" not in o]
         if bad:
             raise UserError(f"override {bad[0]!r} is not key=value (e.g. algo.iterations=3)")
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        named.append((OmegaConf.from_dotlist(list(overrides)), "the command line"))
+        layers += [layer for layer, _ in named]
+        for layer, where in named:
+            _reject_derived(layer, where)
         merged = OmegaConf.merge(*layers)
+        num_envs_given = any(OmegaConf.select(layer, "env.runner.num_envs", default=None) is not None
+                             for layer, _ in named)
         cfg: TrainConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
@@ -316,23 +346,27 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), c
             node = OmegaConf.select(base, parent) if parent else base
             msg += f"; allowed keys: {', '.join(node.keys())}"
         raise UserError(f"config key {key!r}: {msg}" if key else f"config: {msg}") from None
-    except ValueError as err:  # a dataclass __post_init__ (RunnerConfig) rejected a value
+    except ValueError as err:  # a dataclass __post_init__ (env.runner's RunnerConfig) rejected a value
         if isinstance(err, UserError):
             raise
-        raise UserError(f"config: {err}") from None
-    apply_features(cfg)
+        raise UserError(f"config env.runner: {err}") from None
+    apply_features(cfg, default_num_envs=not num_envs_given)
     if check_paths:
         validate(cfg)
     else:
-        for key, (ok, allowed) in _RANGES.items():
-            if not ok(_get(cfg, key)):
-                raise UserError(f"{key}={_get(cfg, key)!r} is out of range; allowed: {allowed}")
+        check_ranges(cfg)
     return cfg
 
 
 def to_yaml(cfg: TrainConfig) -> str:
-    """The resolved config as YAML."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved config as YAML, without the derived keys (so that ``load_config`` reads it back)."""
+    node = OmegaConf.structured(cfg)
+    for key in DERIVED:
+        parent, leaf = key.rsplit(".", 1)
+        container = OmegaConf.select(node, parent)
+        with open_dict(container):
+            del container[leaf]
+    return OmegaConf.to_yaml(node)
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> Path:

@@ -1,5 +1,2 @@
-"""RIPT env runners: ``make_runner(config, policy, env_factory)`` -> LIBEROEnvRunner or PI0LiberoRunner (RIPT-VLA)."""
-
-from pi0.ript.env.factory import make_runner
-
-__all__ = ["make_runner"]
+"""The seed's RIPT env runners: ``LIBEROEnvRunner`` (greedy, openpi's LIBERO eval layout) and ``PI0LiberoRunner``
+(RIPT-VLA: the K rollouts of a state run together), both the shared ``pi0.rollout.RolloutRunner`` with a preset."""
