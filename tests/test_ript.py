@@ -373,8 +373,6 @@ def test_negative_weight_spares_demo_anchor_windows(arena_policy):
 def test_frozen_behavior_collects_with_a_snapshot_refreshed_on_schedule(arena_policy):
     runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
     try:
-        with pytest.raises(ValueError, match="behavior"):
-            RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), RLConfig(behavior="old"))
         cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, behavior="frozen",
                        behavior_refresh=2, opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
         tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
@@ -396,8 +394,6 @@ def test_refresh_gate_copies_the_trained_weights_only_when_they_win(arena_policy
     """RLConfig.refresh_gate: a refresh is a paired test on training states, decided on the rank-summed counts."""
     runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
     try:
-        with pytest.raises(ValueError, match="refresh_gate"):
-            RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), RLConfig(refresh_gate=-1))
         cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, behavior="frozen",
                        behavior_refresh=1, refresh_gate=3, opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
         tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0, 1, 2, 3]}), cfg)
