@@ -1,4 +1,4 @@
-"""Stage 1: end-to-end pi0 inference (images + prompt + state -> a 50-step action chunk).
+"""Stage 1: end-to-end pi0 / pi0.5 / pi0-FAST inference (images + prompt + state -> an action chunk).
 
 Adds: the pi0 model itself. With no arguments it runs the embedded default, a tiny random pi0 with an
 offline-built tokenizer (no download); with --checkpoint it runs converted real weights.
@@ -6,6 +6,7 @@ offline-built tokenizer (no download); with --checkpoint it runs converted real 
     python 1_e2e_inference.py                                   # tiny embedded default (what `make run` runs)
     python 1_e2e_inference.py --checkpoint ckpts/pi0_libero --dtype bfloat16 --device cuda
     python 1_e2e_inference.py --model pi0fast                   # tiny pi0-FAST (autoregressive FAST tokens)
+    python 1_e2e_inference.py --model pi05                      # tiny pi0.5 (adaRMS time conditioning)
     torchrun --nproc_per_node 2 1_e2e_inference.py              # each rank runs its own batch (smoke test)
 """
 
@@ -19,19 +20,20 @@ import numpy as np
 import torch
 
 from pi0.errors import UserError, require_path, run_cli
-from pi0.modeling_pi0 import PI0Policy
-from pi0.policies import MODEL_TYPES, load_policy, model_type_of
-from pi0.policies.presets import tiny_fast_policy
-from pi0.policies.presets import synthetic_observation, tiny_policy
+from pi0.policies import load_policy, model_type_of
+from pi0.policies.presets import synthetic_observation, tiny_fast_policy, tiny_policy
 from pi0.utils.cli import parse_config
+
+
+TINY_MODELS = ("pi0", "pi05", "pi0fast")
 
 
 @dataclass
 class Config:
     """Stage 1 options."""
 
-    checkpoint: str | None = None  # PI0Policy / PI0FASTPolicy directory; None = tiny embedded default
-    model: str = "pi0"  # tiny default to build without --checkpoint: "pi0" or "pi0fast"
+    checkpoint: str | None = None  # any policy directory (pi0, pi0.5, pi0-FAST); None = tiny embedded default
+    model: str = "pi0"  # tiny default to build without --checkpoint: "pi0", "pi05" or "pi0fast"
     device: str = "cpu"
     dtype: str | None = None  # "float32" | "bfloat16"; None = as saved
     batch_size: int = 1
@@ -47,18 +49,18 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     torch.manual_seed(cfg.seed + rank)
     t0 = time.perf_counter()
     overrides = {"num_steps": cfg.num_steps} | ({"dtype": cfg.dtype} if cfg.dtype else {})
-    if cfg.model not in MODEL_TYPES:
-        raise UserError(f"--model must be one of {list(MODEL_TYPES)}, got {cfg.model!r}")
+    if cfg.model not in TINY_MODELS:
+        raise UserError(f"--model must be one of {list(TINY_MODELS)}, got {cfg.model!r}")
     if cfg.checkpoint:
         require_path(cfg.checkpoint, "checkpoint", "give a directory written by convert_pi0_to_hf_lerobot.py", True)
-    if cfg.checkpoint and model_type_of(cfg.checkpoint) == "pi0fast":
-        policy = load_policy(cfg.checkpoint, device=cfg.device, **({"dtype": cfg.dtype} if cfg.dtype else {}))
-    elif cfg.checkpoint:
-        policy = PI0Policy.from_pretrained(cfg.checkpoint, device=cfg.device, **overrides)
+        if model_type_of(cfg.checkpoint) == "pi0fast":  # no Euler steps
+            overrides.pop("num_steps")
+        policy = load_policy(cfg.checkpoint, device=cfg.device, **overrides)
     elif cfg.model == "pi0fast":
         policy = tiny_fast_policy(seed=cfg.seed).to(cfg.device)
     else:
-        policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps, dtype=cfg.dtype or "float32").to(cfg.device)
+        policy = tiny_policy(seed=cfg.seed, num_steps=cfg.num_steps, dtype=cfg.dtype or "float32",
+                             pi05=cfg.model == "pi05").to(cfg.device)
     load_s = time.perf_counter() - t0
     obs = synthetic_observation(policy, cfg.batch_size, seed=cfg.seed + rank, prompt=cfg.prompt)
     policy.predict_action_chunk(obs)  # warm-up

@@ -8,7 +8,8 @@ never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one
 
 1. ``cuda_tests``: the CUDA-marked tests (``pytest -m cuda``: CUDA-graph and compile parity, float32 and bf16 on
    the GPU against openpi's fixtures). Dry run: the selection is collected, not run.
-2. ``sampling_b1`` / ``sampling_b8``: full-size pi0 bf16 sampling latency, 2 cameras, 10 steps, batch 1 and 8:
+2. ``sampling_b1`` / ``sampling_b8`` / ``sampling_pi05_b1``: full-size pi0 (and pi0.5) bf16 sampling latency,
+   2 cameras, 10 steps, batch 1 and 8:
    eager KV-cached, FastSampler, ``torch.compile`` and CUDA graphs (``bench/sampling.py``), with the roofline ratio
    (measured time over the time to read the weights once per call at the measured copy bandwidth).
 3. ``train_memory``: ``bench/train_memory.py --device cuda`` for each trainable mode, once that bench exists.
@@ -101,19 +102,20 @@ def step_cuda_tests(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     return res
 
 
-def sampling_step(batch: int) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
-    """bench/sampling.py at one batch size -> ms per path and the roofline ratio of the fastest."""
+def sampling_step(batch: int, pi05: bool = False) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
+    """bench/sampling.py at one batch size (pi0, or pi0.5) -> ms per path and the roofline ratio of the fastest."""
+    name = f"sampling{'_pi05' if pi05 else ''}_b{batch}"
 
     def step(a: argparse.Namespace, out: Path) -> dict[str, Any]:
-        js = out / f"sampling_b{batch}.json"
+        js = out / f"{name}.json"
         if a.dry_run:
             args = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", "1"]
         else:
             args = ["--config", "full", "--device", "cuda", "--dtype", "bfloat16", "--iters", "20", "--compile",
                     "--compile_prefix"]
         cmd = [sys.executable, "bench/sampling.py", *args, "--attn", "sdpa", "--batch", str(batch), "--cameras", "2",
-               "--num_steps", "10", "--no_recompute", "--json", str(js)]
-        rc, text, sec = run(cmd, a.budget(f"sampling_b{batch}"), out / f"sampling_b{batch}.log")
+               "--num_steps", "10", "--no_recompute", "--json", str(js), *(["--pi05"] if pi05 else [])]
+        rc, text, sec = run(cmd, a.budget(name), out / f"{name}.log")
         res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec}
         if rc == 0 and js.is_file():
             figs = json.loads(js.read_text())
@@ -184,15 +186,16 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "cuda_tests": step_cuda_tests,
     "sampling_b1": sampling_step(1),
     "sampling_b8": sampling_step(8),
+    "sampling_pi05_b1": sampling_step(1, pi05=True),
     "train_memory": step_train_memory,
     "eval_1env": eval_step("eval_1env", lambda a: 1),
     "eval_Nenv": eval_step("eval_Nenv", lambda a: a.num_envs),
     "rl_iteration": step_rl_iteration,
 }
-# seconds each step may take (sum 8.5 minutes: within the lent machine's 10-minute command limit and CI's test
+# seconds each step may take (sum 500 s: within the lent machine's 10-minute command limit and CI's test
 # timeout alike)
-BUDGETS = {"cuda_tests": 90, "sampling_b1": 100, "sampling_b8": 100, "train_memory": 90, "eval_1env": 45,
-           "eval_Nenv": 45, "rl_iteration": 40}
+BUDGETS = {"cuda_tests": 90, "sampling_b1": 80, "sampling_b8": 80, "sampling_pi05_b1": 60, "train_memory": 70,
+           "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40}
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:

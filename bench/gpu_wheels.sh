@@ -18,7 +18,8 @@ mkdir -p .whl
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.shared/' .git/info/exclude 2>/dev/null || echo '/.shared/' >> .git/info/exclude
 mkdir -p .shared/golden
-cp -r ../shared/golden/openpi_pi0_tiny ../shared/golden/openpi_libero_policy_tiny .shared/golden/
+cp -r ../shared/golden/openpi_pi0_tiny ../shared/golden/openpi_libero_policy_tiny ../shared/golden/openpi_pi05_tiny \
+   ../shared/golden/openpi_pi05_libero_policy_tiny .shared/golden/
 pins=$(grep -iE '^(omegaconf|gymnasium|farama-notifications)==' requirements.lock)
 python3 -m pip wheel -q --no-deps -w .whl $pins
 ls -la .whl

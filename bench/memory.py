@@ -5,6 +5,7 @@
     python bench/memory.py --config ci --json out.json       # ~300 MB config (what tests/test_memory.py runs)
     python bench/memory.py --code /path/to/other/checkout    # the same steps on another version of `pi0`
     python bench/memory.py --stored_dtype float32 --steps write convert   # openpi tree stored in float32
+    python bench/memory.py --model pi05 --steps write convert load   # full-size pi0.5 (3.35 B params)
 
 Writes openpi's params tree as zeros (orbax: a few hundred KB on disk), converts it with the real
 converter, loads it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds
@@ -37,16 +38,16 @@ def vm_status(field: str) -> int:
     raise KeyError(field)
 
 
-def ci_config():
+def ci_config(pi05: bool = False):
     """A few hundred MB of pi0 (bf16): same structure as the real model, smaller widths and vocab."""
     from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 
     return Pi0Config(paligemma=GemmaConfig(1024, 4, 4096, 8, 1, 128), action_expert=GemmaConfig(512, 4, 2048, 8, 1, 128),
-                     vision=SiglipConfig.from_variant("B/16"), vocab_size=32_000)
+                     vision=SiglipConfig.from_variant("B/16"), vocab_size=32_000, pi05=pi05)
 
 
 # ---------------------------------------------------------------------------------------------- steps (child side)
-def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
+def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str = "pi0") -> dict:
     """Run one step in this (fresh) process; returns its measurements."""
     import torch
 
@@ -63,7 +64,8 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
     torch.nn.Linear(8, 8)(torch.randn(2, 8)).to(torch.bfloat16).sum()
     with torch.device("meta"):
         torch.nn.Embedding(4, 4)
-    cfg = Pi0Config() if config == "full" else ci_config()
+    pi05 = model == "pi05"
+    cfg = Pi0Config(pi05=pi05) if config == "full" else ci_config(pi05)
     ckpt, out = work / f"openpi_ckpt_{stored}", work / f"converted_{dtype}"
     base, t0, info = vm_status("VmRSS"), time.perf_counter(), {}
     if name == "write":
@@ -73,7 +75,8 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
     elif name == "convert":
         from pi0.conversion.pi0 import convert_checkpoint
 
-        convert_checkpoint(ckpt / "params", out, dtype=dtype, delta_action_dims=6)
+        convert_checkpoint(ckpt / "params", out, dtype=dtype,
+                           **({"openpi_config": "pi05_libero"} if pi05 else {"delta_action_dims": 6}))
     elif name == "load":
         PI0Policy.from_pretrained(out)
     elif name == "sample":  # one bf16 sample_actions on CPU, batch 1, 3 cameras
@@ -85,7 +88,7 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str) -> dict:
             pol.model.sample_actions(imgs, [torch.ones(1, dtype=torch.bool)] * 3,
                                      torch.randint(0, 1000, (1, m.max_token_len), generator=g),
                                      torch.ones(1, m.max_token_len, dtype=torch.bool),
-                                     torch.randn(1, m.action_dim, generator=g),
+                                     torch.randn(1, m.action_dim, generator=g),  # (pi0.5 ignores the state)
                                      torch.randn(1, m.action_horizon, m.action_dim, generator=g), num_steps=10)
         info["sample_actions_s"] = round(time.perf_counter() - t1, 1)
     elif name == "random_init":
@@ -105,7 +108,7 @@ def run_step(name: str, args: argparse.Namespace, dtype: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.code if name != "write" else str(REPO),
                                                       os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--_step", name, "--work", str(args.work), "--config", args.config,
-           "--dtypes", dtype, "--stored_dtype", args.stored_dtype]
+           "--dtypes", dtype, "--stored_dtype", args.stored_dtype, "--model", args.model]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     ps, polled, t0 = psutil.Process(proc.pid), 0, time.perf_counter()
     while proc.poll() is None:
@@ -129,6 +132,7 @@ def main() -> None:
     """Run the steps, print a table, optionally write JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="full", choices=["full", "ci"])
+    p.add_argument("--model", default="pi0", choices=["pi0", "pi05"])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
     p.add_argument("--steps", nargs="+", default=["write", "convert", "load", "sample", "random_init"])
     p.add_argument("--stored_dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -141,7 +145,7 @@ def main() -> None:
     p.add_argument("--_step", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._step:
-        print(json.dumps(step(args._step, args.work, args.dtypes[0], args.config, args.stored_dtype)))
+        print(json.dumps(step(args._step, args.work, args.dtypes[0], args.config, args.stored_dtype, args.model)))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -37,7 +37,7 @@ def build(args: argparse.Namespace) -> Pi0Config:
         pg, ex, vis, vocab = args.paligemma or pg, args.expert or ex, args.vision or vis, args.vocab or vocab
     gemma = lambda v: v if isinstance(v, GemmaConfig) else GemmaConfig.from_variant(v)  # noqa: E731
     return Pi0Config(paligemma=gemma(pg), action_expert=gemma(ex), vision=SiglipConfig.from_variant(vis),
-                     vocab_size=vocab, dtype=args.dtype, attn_implementation=args.attn)
+                     vocab_size=vocab, dtype=args.dtype, attn_implementation=args.attn, pi05=args.pi05)
 
 
 def sync(device: str) -> None:
@@ -116,6 +116,7 @@ def main() -> None:
     p.add_argument("--no_recompute", action="store_true", help="skip the slow recompute-prefix baseline")
     p.add_argument("--profile", action="store_true", help="print a per-stage latency table of one call")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--pi05", action="store_true", help="the pi0.5 architecture (adaRMS time conditioning)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -190,7 +191,7 @@ def main() -> None:
     print(f"achieved: {best} {ms[best]:.1f} ms = {floor / ms[best]:.2%} of the bandwidth roofline")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": args.config, "device": dev, "dtype": cfg.dtype, "batch": b, "cameras": args.cameras,
+            json.dump({"config": args.config, "pi05": args.pi05, "device": dev, "dtype": cfg.dtype, "batch": b, "cameras": args.cameras,
                        "num_steps": args.num_steps, "iters": args.iters, "ms": ms, "max_abs_diff": diffs,
                        "notes": notes, "weight_gb_per_call": parts["total"] / 1e9, "copy_gb_per_s": bw / 1e9,
                        "roofline_ms": floor, "best": best, "best_over_roofline": ms[best] / floor}, f, indent=2)

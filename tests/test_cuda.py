@@ -41,3 +41,31 @@ def test_bfloat16_on_cuda_within_openpis_bf16_floor(converted_tiny, pi0_referenc
     err = np.abs(actions - ref["actions"]).max()
     print(f"bf16 on cuda: max |ours - openpi f32| = {err:.3e}, openpi's bf16 floor {floor:.3e}, ratio {err / floor:.2f}")
     assert 1e-4 < err <= 1.5 * floor
+
+
+def test_pi05_parity_and_cuda_graph_on_cuda(tmp_path):
+    """pi0.5 (openpi_pi05_tiny) on the GPU: float32 parity, and the CUDA-graph fast sampler equal to eager."""
+    import subprocess
+    import sys
+
+    from conftest import GOLDEN, REPO
+    from pi0.models.fast_sampler import FastSampler
+    from pi0.policies import load_policy
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    fix = GOLDEN / "openpi_pi05_tiny"
+    out = tmp_path / "pi05"
+    r = subprocess.run([sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir",
+                        str(fix / "checkpoint" / "params"), "--output_path", str(out), "--openpi_config", "pi05_libero",
+                        "--action_horizon", "50", "--max_token_len", "64", "--tokenizer",
+                        str(GOLDEN / "openpi_pi05_libero_policy_tiny" / "tokenizer.model")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = dict(np.load(fix / "reference.npz"))
+    model = load_policy(out, device="cuda").model
+    inp, noise = _cuda_inputs(ref), torch.from_numpy(ref["noise"]).cuda()
+    eager = model.sample_actions(**inp, noise=noise, num_steps=10)
+    assert np.abs(eager.cpu().numpy() - ref["actions"]).max() < 1e-4
+    fast = FastSampler(model, cuda_graph=True)
+    for _ in range(2):  # capture, then replay
+        torch.testing.assert_close(fast(**inp, noise=noise, num_steps=10), eager, atol=1e-5, rtol=0)
+    assert fast.graph_error is None

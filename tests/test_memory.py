@@ -17,10 +17,12 @@ GIB = 2**30
 
 
 @pytest.mark.slow
-def test_peak_memory_of_convert_load_and_random_init(tmp_path):
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_peak_memory_of_convert_load_and_random_init(tmp_path, model):
     out = tmp_path / "memory.json"
+    steps = ["write", "convert", "load"] + (["random_init"] if model == "pi0" else [])
     r = subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--config", "ci", "--work", str(tmp_path),
-                        "--steps", "write", "convert", "load", "random_init", "--limit_gb", "4", "--json", str(out)],
+                        "--model", model, "--steps", *steps, "--limit_gb", "4", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["step"]: row for row in json.loads(out.read_text())}
@@ -28,6 +30,6 @@ def test_peak_memory_of_convert_load_and_random_init(tmp_path):
     size = rows["convert"]["ckpt_bytes"]
     assert 300e6 < size < 450e6  # the config is what we think it is (bf16)
     assert rows["convert"]["peak_rss"] <= size + GIB, rows["convert"]
-    for step in ("load", "random_init"):
+    for step in steps[2:]:
         grown = rows[step]["peak_rss"] - rows[step]["base_rss"]
         assert grown <= 1.25 * size, (step, grown / size)

@@ -71,7 +71,7 @@ def converted(tmp_path_factory):
      "--tokenizer has 400 pieces but the checkpoint's vocabulary has 1024"),
     (("--fast_tokenizer", str(GOLDEN / "openpi_pi0_tiny"), "--tokenizer", str(FAST_POLICY / "tokenizer.model")),
      "is not a FAST tokenizer directory (lacks ['processor_config.json', 'tokenizer.json', 'tokenizer_config.json'])"),
-    (("--openpi_config", "pi05_libero"), "pi05 conversion is not implemented yet; implemented: pi0_libero"),
+    (("--openpi_config", "pi05_libero"), "is a pi05 config but the checkpoint holds a pi0fast parameter tree"),
     (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--tokenizer", str(FAST_POLICY / "tokenizer.model")),
      "does not record its action_horizon: pass --openpi_config NAME (one of pi0_fast_libero, pi0_fast_droid)"),
     (("--fast_tokenizer", str(FAST_POLICY / "fast_tokenizer"), "--tokenizer", str(FAST_POLICY / "tokenizer.model"),

@@ -50,7 +50,7 @@ OPENPI_CONFIGS: dict[str, OpenpiConfig] = {
 }
 
 
-IMPLEMENTED = ("pi0", "pi0fast")  # model types the converter handles (pi0.5: not yet)
+IMPLEMENTED = ("pi0", "pi0fast", "pi05")  # model types the converter handles
 
 
 def get_openpi_config(name: str, model_type: str | None = None) -> OpenpiConfig:

@@ -1,4 +1,6 @@
-"""openpi JAX checkpoint (orbax params) -> PyTorch ``PI0Policy`` directory, with a strict key map.
+"""openpi JAX pi0 / pi0.5 checkpoint (orbax params) -> PyTorch ``PI0Policy`` directory, with a strict key map.
+
+A pi0.5 tree (``time_mlp_in``, adaptive expert norms) is detected from its keys and needs ``--openpi_config``.
 
 The key map is a pure function of numpy arrays (``convert_params``). ``convert_checkpoint`` streams:
 it reads only the orbax metadata to infer the config and check every key and shape (``plan_conversion``),
@@ -20,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from pi0.conversion.openpi_configs import get_openpi_config
+from pi0.conversion.openpi_configs import get_openpi_config, names_for
 from pi0.errors import MissingPathError, PathExistsError, UserError
 from pi0.models.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, Pi0Config, SiglipConfig
 from pi0.models.pi0 import PI0Model, param_storage_dtype
@@ -35,7 +37,8 @@ Flat = dict[str, np.ndarray]
 VT = "paligemma_with_expert.paligemma.vision_tower.vision_model."
 MMP = "paligemma_with_expert.paligemma.multi_modal_projector.linear."
 GEMMA_PREFIX = ("paligemma_with_expert.paligemma.language_model.model.", "paligemma_with_expert.gemma_expert.model.")
-HEADS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+HEADS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out",
+         "time_mlp_in", "time_mlp_out")  # the last two: pi0.5
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -152,6 +155,11 @@ def _gemma_from(flat: Flat, s: str) -> GemmaConfig:
     return GemmaConfig(*sizes, variant=_match(GEMMA_VARIANTS, sizes))
 
 
+def is_pi05_tree(keys: Any) -> bool:
+    """True for an openpi pi0.5 params tree (time_mlp_in / adaRMS norms instead of state_proj / action_time_mlp)."""
+    return any(k.removeprefix("params/").startswith("time_mlp_in/") for k in keys)
+
+
 def infer_config(flat: Flat, **overrides: Any) -> Pi0Config:
     """Full Pi0Config from parameter shapes; ``overrides`` win (Pi0Config fields, or variant names
     ``paligemma_variant`` / ``action_expert_variant`` / ``vision_variant``)."""
@@ -169,7 +177,8 @@ def infer_config(flat: Flat, **overrides: Any) -> Pi0Config:
                               variant=f"{base}/{patch}" if base != "custom" else "custom")
         vocab = flat["PaliGemma/llm/embedder/input_embedding"].shape[0]
         cfg = dict(paligemma=_gemma_from(flat, ""), action_expert=_gemma_from(flat, "_1"), vision=vision,
-                   vocab_size=vocab, action_dim=flat["action_in_proj/kernel"].shape[0])
+                   vocab_size=vocab, action_dim=flat["action_in_proj/kernel"].shape[0],
+                   pi05=is_pi05_tree(flat))
     except KeyError as e:
         raise ValueError(f"not a pi0 checkpoint: missing parameter {e.args[0]!r}") from e
     for key, build in (("paligemma", GemmaConfig.from_variant), ("action_expert", GemmaConfig.from_variant),
@@ -249,6 +258,12 @@ def _gemma_rules(expert: int) -> Iterator[tuple[str, Callable[[np.ndarray], Iter
     yield f"{llm}layers/mlp{s}/gating_einsum", per_layer(
         lambda w: [("mlp.gate_proj.weight", w[0].T), ("mlp.up_proj.weight", w[1].T)])
     yield f"{llm}layers/mlp{s}/linear", per_layer(lambda w: [("mlp.down_proj.weight", w.T)])
+    # pi0.5's adaptive norms (expert 1): Dense_0 (C, 3D) of the time condition -> [scale | shift | gate]
+    for norm, ours in (("pre_attention_norm", "input_layernorm"), ("pre_ffw_norm", "post_attention_layernorm")):
+        yield f"{llm}layers/{norm}{s}/Dense_0/kernel", per_layer(lambda w, o=ours: [(f"{o}.dense.weight", w.T)])
+        yield f"{llm}layers/{norm}{s}/Dense_0/bias", per_layer(lambda b, o=ours: [(f"{o}.dense.bias", b)])
+    yield f"{llm}final_norm{s}/Dense_0/kernel", lambda a: iter([(pre + "norm.dense.weight", a.T)])
+    yield f"{llm}final_norm{s}/Dense_0/bias", lambda a: iter([(pre + "norm.dense.bias", a)])
 
 
 def key_rules(cfg: Pi0Config) -> dict[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]:
@@ -415,12 +430,17 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise MissingPathError(f"--tokenizer {tokenizer} does not exist")
     src = OrbaxParams(params_dir)  # metadata only
-    if any(k.startswith("time_mlp_in/") for k in src.shapes):
-        raise UserError(f"{params_dir} holds a pi0.5 parameter tree (time_mlp_in, adaRMS norms): pi0.5 conversion is "
-                        "not implemented yet (pi0 and pi0-FAST trees convert)")
+    model_type = "pi05" if is_pi05_tree(src.shapes) else "pi0"
+    if model_type == "pi05" and openpi_config is None:
+        raise UserError(f"{params_dir} holds a pi0.5 tree, which does not say its horizon, token budget, delta dims "
+                        f"or prompt format (pi05_libero: no delta actions, no state in the prompt, although its norm "
+                        f"stats carry the LIBERO asset id); pass --openpi_config NAME, one of "
+                        f"{', '.join(names_for('pi05'))}")
     normalization = "zscore"
+    discrete_state_input = False
     if openpi_config is not None:
-        preset = get_openpi_config(openpi_config, "pi0")
+        preset = get_openpi_config(openpi_config, model_type)
+        discrete_state_input = preset.prompt_format == "pi05_state"
         config_overrides.setdefault("action_horizon", preset.action_horizon)
         config_overrides.setdefault("max_token_len", preset.max_token_len)
         normalization = preset.normalization
@@ -440,7 +460,8 @@ def convert_checkpoint(checkpoint_dir: str | Path, output_path: str | Path, norm
             tokenizer = build_tokenizer_model(tmp_out / "tokenizer.model")
         else:
             shutil.copyfile(tokenizer, tmp_out / "tokenizer.model")
-        pol_cfg = PolicyConfig(model=cfg, delta_action_dims=delta_action_dims, normalization=normalization)
+        pol_cfg = PolicyConfig(model=cfg, delta_action_dims=delta_action_dims, normalization=normalization,
+                               discrete_state_input=discrete_state_input)
         PI0Policy(pol_cfg, stats, PaligemmaTokenizer(tmp_out / "tokenizer.model", cfg.max_token_len), model)  # checks
         stream_convert(src, plan, cfg, tmp_out / "model.safetensors")
         (tmp_out / "config.json").write_text(json.dumps(pol_cfg.to_dict(), indent=2))

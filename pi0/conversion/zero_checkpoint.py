@@ -45,16 +45,25 @@ def openpi_param_shapes(cfg: Pi0Config) -> Shapes:
     for suffix, g in (("", cfg.paligemma), ("_1", cfg.action_expert)):
         d, n, k, h, f, depth = g.width, g.num_heads, g.num_kv_heads, g.head_dim, g.mlp_dim, g.depth
         pre = "PaliGemma/llm/layers/"
-        s[f"PaliGemma/llm/final_norm{suffix}/scale"] = (d,)
-        s[f"{pre}pre_attention_norm{suffix}/scale"] = s[f"{pre}pre_ffw_norm{suffix}/scale"] = (depth, d)
+        if suffix and cfg.pi05:  # pi0.5's adaptive expert norms: Dense_0 (cond width -> 3D) instead of a scale
+            s["PaliGemma/llm/final_norm_1/Dense_0/kernel"], s["PaliGemma/llm/final_norm_1/Dense_0/bias"] = (d, 3 * d), (3 * d,)
+            for norm in ("pre_attention_norm_1", "pre_ffw_norm_1"):
+                s[f"{pre}{norm}/Dense_0/kernel"], s[f"{pre}{norm}/Dense_0/bias"] = (depth, d, 3 * d), (depth, 3 * d)
+        else:
+            s[f"PaliGemma/llm/final_norm{suffix}/scale"] = (d,)
+            s[f"{pre}pre_attention_norm{suffix}/scale"] = s[f"{pre}pre_ffw_norm{suffix}/scale"] = (depth, d)
         s[f"{pre}attn/q_einsum{suffix}/w"] = (depth, n, d, h)
         s[f"{pre}attn/kv_einsum{suffix}/w"] = (depth, 2, k, d, h)
         s[f"{pre}attn/attn_vec_einsum{suffix}/w"] = (depth, n, h, d)
         s[f"{pre}mlp{suffix}/gating_einsum"] = (depth, 2, d, f)
         s[f"{pre}mlp{suffix}/linear"] = (depth, f, d)
     w, a = cfg.action_expert.width, cfg.action_dim
-    for name, (i, o) in {"state_proj": (a, w), "action_in_proj": (a, w), "action_out_proj": (w, a),
-                         "action_time_mlp_in": (2 * w, w), "action_time_mlp_out": (w, w)}.items():
+    heads = {"action_in_proj": (a, w), "action_out_proj": (w, a)}
+    if cfg.pi05:
+        heads.update(time_mlp_in=(w, w), time_mlp_out=(w, w))
+    else:
+        heads.update(state_proj=(a, w), action_time_mlp_in=(2 * w, w), action_time_mlp_out=(w, w))
+    for name, (i, o) in heads.items():
         s[f"{name}/kernel"], s[f"{name}/bias"] = (i, o), (o,)
     return dict(sorted(s.items()))
 

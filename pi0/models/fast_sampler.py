@@ -8,7 +8,8 @@
 * the state token hoisted out of the Euler loop: it cannot attend to the action tokens (block-causal
   mask), so its keys/values are computed once, in the same pass as the prefix, and appended to the cache;
 * the action input projection folded into the time MLP (two back-to-back linears, exact in real
-  arithmetic) and the time half of that MLP precomputed per Euler time;
+  arithmetic) and the time half of that MLP precomputed per Euler time (pi0.5: the adaRMS time condition
+  precomputed per Euler time; pi0.5 has no state token);
 * static-shape KV caches (capacity bucketed, masked tail) so the denoise step has one shape per batch size;
 * optionally ``torch.compile`` on the denoise step and, on CUDA, one CUDA graph of the whole Euler loop
   per (batch size, cache bucket, num_steps), replayed with copy-in / copy-out.
@@ -118,6 +119,11 @@ class FastSampler:
         self.graph_error: str | None = None  # why CUDA-graph capture fell back to the un-captured loop
         self._param_ptrs: tuple[int, ...] = ()
 
+    @property
+    def fused(self) -> bool:
+        """Whether pi0's action projection is folded into its time MLP (pi0.5 has no such MLP)."""
+        return self.fuse_projections and not self.model.cfg.pi05
+
     def __deepcopy__(self, memo: dict) -> "FastSampler":
         """A fresh sampler (nothing compiled or captured) bound to the deep-copied model."""
         return FastSampler(memo.get(id(self.model), copy.deepcopy(self.model, memo)), **self.options)
@@ -139,10 +145,13 @@ class FastSampler:
         when the head weights change (their ``_version``), so training updates are picked up.
         """
         m = self.model
-        heads = (m.action_in_proj.weight, m.action_in_proj.bias, m.action_time_mlp_in.weight,
-                 m.action_time_mlp_in.bias)
+        if m.cfg.pi05:
+            heads = tuple(p for mod in (m.time_mlp_in, m.time_mlp_out) for p in (mod.weight, mod.bias))
+        else:
+            heads = (m.action_in_proj.weight, m.action_in_proj.bias, m.action_time_mlp_in.weight,
+                     m.action_time_mlp_in.bias)
         version = tuple(p._version for p in heads) + tuple(p.data_ptr() for p in heads)
-        key = (num_steps, batch if not self.fuse_projections else 0, device)
+        key = (num_steps, batch if not self.fused else 0, device)
         entry = self._consts.get(key)
         if entry is not None and entry["version"] == version:
             return entry["inputs"], -1.0 / num_steps
@@ -150,7 +159,9 @@ class FastSampler:
         dtype = m.action_in_proj.weight.dtype
         times = torch.tensor(euler_times(num_steps), dtype=torch.float32, device=device)
         emb = posemb_sincos(times, w).to(dtype)  # (S, W)
-        if self.fuse_projections:
+        if m.cfg.pi05:  # as in PI0Model.time_condition, one (1, W) condition per Euler time
+            new = [m.time_condition(t[None]) for t in times]
+        elif self.fused:
             w_x, w_t, bias = fold_action_time_mlp(*(p.detach() for p in heads))
             new = [(F.linear(e, w_t) + bias)[None, None] for e in emb]  # S x (1, 1, W)
             new.append(w_x)
@@ -209,16 +220,20 @@ class FastSampler:
             emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         with record_function("pi0.prefix"):
             b, tp = pad.shape
-            # as in openpi pi0.py embed_suffix: the state token starts its own block (ar=True) after the prefix
-            state_tok = m._linear(m.state_proj, state)[:, None].to(m.compute_dtype)  # (B, 1, W)
-            ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
-            full_pad = torch.cat([pad, ones], 1)
-            full_ar = torch.cat([ar, ones[0]], 0)
             joint = self._vision_and_joint()[1]
-            _, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
-                             return_kv_cache=True)
-        buf = self._get_buffers(b, round_up(tp + 1, self.cache_bucket), pad.device, cache[0][0])
-        n = tp + 1
+            if m.cfg.pi05:  # no state token: the cache is the prefix's
+                full_pad = pad
+                _, cache = joint([emb, None], make_attn_mask(pad, ar), make_positions(pad), return_kv_cache=True)
+            else:
+                # as in openpi pi0.py embed_suffix: the state token starts its own block (ar=True) after the prefix
+                state_tok = m._linear(m.state_proj, state)[:, None].to(m.compute_dtype)  # (B, 1, W)
+                ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
+                full_pad = torch.cat([pad, ones], 1)
+                full_ar = torch.cat([ar, ones[0]], 0)
+                _, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
+                                 return_kv_cache=True)
+        n = full_pad.shape[1]
+        buf = self._get_buffers(b, round_up(n, self.cache_bucket), pad.device, cache[0][0])
         for layer, (k, v) in enumerate(cache):
             buf.k[layer][:, :n].copy_(k)
             buf.v[layer][:, :n].copy_(v)
@@ -227,8 +242,8 @@ class FastSampler:
         h = m.cfg.action_horizon
         cap = buf.key_valid.shape[1]
         buf.mask[:, :, :cap].copy_(buf.key_valid[:, None, :].expand(-1, h, -1))
-        # as in openpi pi0.py sample_actions: suffix positions continue from sum(prefix_mask); +1 for the state
-        buf.positions.copy_(pad.sum(-1, keepdim=True) + 1 + torch.arange(h, device=pad.device))
+        # as in openpi pi0.py sample_actions: suffix positions continue from sum(prefix_mask) (+1: pi0's state)
+        buf.positions.copy_(full_pad.sum(-1, keepdim=True) + torch.arange(h, device=pad.device))
         return buf
 
     def _get_buffers(self, b: int, cap: int, device: torch.device, like: torch.Tensor) -> _Buffers:
@@ -251,6 +266,11 @@ class FastSampler:
               vs: list[torch.Tensor], mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One velocity evaluation of the action tokens on the static cache: x_t (B,Ha,A) -> v_t (B,Ha,A)."""
         m = self.model
+        if m.cfg.pi05:  # as in PI0Model._embed_suffix_pi05; time_in is the (1, W) adaRMS condition
+            hid = m._linear(m.action_in_proj, x).to(m.compute_dtype)
+            (_, out), _ = m.paligemma_with_expert([None, hid], mask, positions, kv_cache=list(zip(ks, vs)),
+                                                  adarms_cond=[None, time_in])
+            return m._velocity(out, x.shape[1])
         if w_x is not None:  # fused: mlp_in(action_in(x) ++ e) = W_x x + c_t
             hid = F.linear(x.to(w_x.dtype), w_x) + time_in
         else:  # as in PI0Model.embed_suffix
@@ -258,12 +278,12 @@ class FastSampler:
             hid = m._linear(m.action_time_mlp_in, torch.cat([act, time_in.to(act.dtype)], -1))
         hid = m._linear(m.action_time_mlp_out, F.silu(hid)).to(m.compute_dtype)
         (_, out), _ = m.paligemma_with_expert([None, hid], mask, positions, kv_cache=list(zip(ks, vs)))
-        return m._velocity(out)
+        return m._velocity(out, x.shape[1])
 
     def _loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float) -> torch.Tensor:
         """The whole Euler loop on static buffers (what the CUDA graph captures): x (B,Ha,A) -> actions."""
-        w_x = time_inputs[-1] if self.fuse_projections else None
-        steps = time_inputs[:-1] if self.fuse_projections else time_inputs
+        w_x = time_inputs[-1] if self.fused else None
+        steps = time_inputs[:-1] if self.fused else time_inputs
         x = buf.x
         for i, time_in in enumerate(steps):
             with record_function(f"pi0.denoise_step_{i}"):
@@ -341,9 +361,12 @@ def weight_bytes_per_call(model: Any, num_steps: int, cameras: int) -> dict[str,
     gemma = nbytes(vlm.layers) + nbytes(vlm.norm)
     exp = nbytes(expert)
     heads = sum(nbytes(getattr(model, n))
-                for n in ("action_in_proj", "action_time_mlp_in", "action_time_mlp_out", "action_out_proj"))
-    parts = {"siglip": vision * min(cameras, 1), "gemma_prefix": gemma, "expert": exp * (num_steps + 1),
-             "heads": heads * num_steps + nbytes(model.state_proj)}
+                for n in ("action_in_proj", "action_time_mlp_in", "action_time_mlp_out", "action_out_proj")
+                if hasattr(model, n))  # pi0.5: its time MLP runs once per Euler time, outside the loop
+    state = 0 if model.cfg.pi05 else nbytes(model.state_proj)
+    passes = num_steps if model.cfg.pi05 else num_steps + 1  # pi0: + the state token's pass with the prefix
+    parts = {"siglip": vision * min(cameras, 1), "gemma_prefix": gemma, "expert": exp * passes,
+             "heads": heads * num_steps + state}
     parts["total"] = sum(parts.values())
     return parts
 

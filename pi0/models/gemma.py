@@ -30,6 +30,40 @@ class RMSNorm(nn.Module):
         return (normed * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
 
 
+class AdaRMSNorm(nn.Module):
+    """pi0.5's adaptive RMSNorm: no scale parameter; a Dense of the condition gives [scale | shift | gate].
+
+    as in openpi gemma.py RMSNorm with ``cond``: out = normalize(x) * (1 + scale) + shift (float32 normalisation,
+    the Dense in the activation dtype); the gate multiplies the residual branch this norm feeds.
+    """
+
+    def __init__(self, dim: int, cond_dim: int):
+        super().__init__()
+        self.dense = nn.Linear(cond_dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D), cond (B, C) -> (normed (B, T, D) in x's dtype, gate (B, 1, D))."""
+        xf = x.to(torch.float32)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
+        w, b = self.dense.weight.to(x.dtype), self.dense.bias.to(x.dtype)
+        scale, shift, gate = F.linear(cond.to(x.dtype), w, b)[:, None].chunk(3, dim=-1)  # 3 x (B, 1, D)
+        return (normed * (1 + scale) + shift).to(x.dtype), gate
+
+
+def apply_norm(norm: nn.Module, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(normed x, residual gate or None) for a plain RMSNorm (cond ignored) or an AdaRMSNorm."""
+    if isinstance(norm, AdaRMSNorm):
+        if cond is None:
+            raise ValueError("an adaptive (pi0.5) norm needs its condition (the time embedding)")
+        return norm(x, cond)
+    return norm(x), None
+
+
+def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """as in openpi gemma.py _gated_residual: x + y, or x + y * gate with an adaptive norm's gate."""
+    return x + y if gate is None else x + y * gate
+
+
 class GemmaMLP(nn.Module):
     """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x))."""
 
@@ -64,32 +98,45 @@ class GemmaAttentionProjections(nn.Module):
         return q, k, v
 
 
-class GemmaDecoderLayer(nn.Module):
-    """Pre-norm block: RMSNorm -> attention -> residual -> RMSNorm -> GeGLU MLP -> residual."""
+def make_norm(dim: int, cond_dim: int | None) -> nn.Module:
+    """RMSNorm, or pi0.5's AdaRMSNorm when the model is conditioned (``cond_dim`` = condition width)."""
+    return RMSNorm(dim) if cond_dim is None else AdaRMSNorm(dim, cond_dim)
 
-    def __init__(self, cfg: GemmaConfig):
+
+class GemmaDecoderLayer(nn.Module):
+    """Pre-norm block: norm -> attention -> (gated) residual -> norm -> GeGLU MLP -> (gated) residual."""
+
+    def __init__(self, cfg: GemmaConfig, cond_dim: int | None = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.width)
+        self.input_layernorm = make_norm(cfg.width, cond_dim)
         self.self_attn = GemmaAttentionProjections(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.width)
+        self.post_attention_layernorm = make_norm(cfg.width, cond_dim)
         self.mlp = GemmaMLP(cfg)
 
-    def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """Residual stream x (B,T,D) + attention output (B,T,N,H) -> block output (B,T,D)."""
+    def finish(self, x: torch.Tensor, attn_out: torch.Tensor, gate: torch.Tensor | None = None,
+               cond: torch.Tensor | None = None) -> torch.Tensor:
+        """Residual stream x (B,T,D) + attention output (B,T,N,H) -> block output (B,T,D).
+
+        ``gate``: the input norm's residual gate; ``cond`` (B, C): the adaptive norms' condition (pi0.5).
+        """
         b, t = attn_out.shape[:2]
-        x = x + self.self_attn.o_proj(attn_out.reshape(b, t, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = gated_residual(x, self.self_attn.o_proj(attn_out.reshape(b, t, -1)), gate)
+        normed, gate = apply_norm(self.post_attention_layernorm, x, cond)
+        return gated_residual(x, self.mlp(normed), gate)
 
 
 class GemmaModel(nn.Module):
-    """Token embedding (optional: the action expert has none), decoder layers, final norm."""
+    """Token embedding (optional: the action expert has none), decoder layers, final norm.
 
-    def __init__(self, cfg: GemmaConfig, vocab_size: int | None):
+    ``cond_dim``: every norm is adaptive (pi0.5's action expert, conditioned on the time embedding).
+    """
+
+    def __init__(self, cfg: GemmaConfig, vocab_size: int | None, cond_dim: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(vocab_size, cfg.width) if vocab_size else None
-        self.layers = nn.ModuleList([GemmaDecoderLayer(cfg) for _ in range(cfg.depth)])
-        self.norm = RMSNorm(cfg.width)
+        self.layers = nn.ModuleList([GemmaDecoderLayer(cfg, cond_dim) for _ in range(cfg.depth)])
+        self.norm = make_norm(cfg.width, cond_dim)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, L) long -> (B, L, D) embeddings scaled by sqrt(D) (as in openpi gemma.py Embedder.encode)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pi0.models.gemma import RMSNorm
+from pi0.models.gemma import AdaRMSNorm, RMSNorm
 
 INIT_MODES = ("noisy", "scratch")  # random_init of PI0Policy / PI0FASTPolicy: parity init | to train from scratch
 
@@ -39,6 +39,10 @@ def scratch_init_(model: nn.Module, gen: torch.Generator) -> None:
                 mod.bias.zero_()
         elif isinstance(mod, nn.Embedding):
             mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * mod.weight.shape[1] ** -0.5)
+    for mod in model.modules():  # as in openpi gemma.py: the adaRMS modulation starts at zero
+        if isinstance(mod, AdaRMSNorm):
+            mod.dense.weight.zero_()
+            mod.dense.bias.zero_()
     if getattr(model, "optimality_embedding", None) is not None:
         model.optimality_embedding.zero_()
 

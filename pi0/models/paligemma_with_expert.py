@@ -12,7 +12,7 @@ from torch import nn
 
 from pi0.models.attention import apply_rope, attention
 from pi0.models.config import Pi0Config
-from pi0.models.gemma import GemmaModel
+from pi0.models.gemma import GemmaModel, apply_norm
 from pi0.models.siglip import SiglipVisionTower
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v (B, S, K, H), after RoPE
@@ -53,7 +53,9 @@ class ActionExpert(nn.Module):
 
     def __init__(self, cfg: Pi0Config):
         super().__init__()
-        self.model = GemmaModel(cfg.action_expert, vocab_size=None)
+        # pi0.5: every norm is adaptive, conditioned on the time embedding (expert width)
+        cond_dim = cfg.action_expert.width if getattr(cfg, "pi05", False) else None
+        self.model = GemmaModel(cfg.action_expert, vocab_size=None, cond_dim=cond_dim)
 
 
 class PaliGemmaWithExpert(nn.Module):
@@ -91,20 +93,24 @@ class PaliGemmaWithExpert(nn.Module):
         positions: torch.Tensor,
         kv_cache: KVCache | None = None,
         return_kv_cache: bool = False,
+        adarms_cond: list[torch.Tensor | None] | None = None,
     ) -> tuple[list[torch.Tensor | None], KVCache | None]:
         """Joint forward. inputs_embeds[i] (B, T_i, D_i) or None, attn_mask (B, sum T_i, S_cache + sum T_i),
-        positions (B, sum T_i) -> (per-expert final-normed outputs (B, T_i, D_i) or None, new kv cache).
+        positions (B, sum T_i), adarms_cond[i] (B, C) or None (pi0.5's expert) -> (per-expert final-normed
+        outputs (B, T_i, D_i) or None, new kv cache).
         """
         experts = self.experts
         active = [i for i, x in enumerate(inputs_embeds) if x is not None]
         hidden = {i: inputs_embeds[i] for i in active}
+        conds = {i: (adarms_cond[i] if adarms_cond is not None else None) for i in active}
         lengths = [hidden[i].shape[1] for i in active]
         new_cache: KVCache = []
         for layer_idx in range(self.cfg.paligemma.depth):
-            qs, ks, vs = [], [], []
+            qs, ks, vs, gates = [], [], [], {}
             for i in active:
                 layer = experts[i].layers[layer_idx]
-                q, k, v = layer.self_attn.qkv(layer.input_layernorm(hidden[i]))
+                normed, gates[i] = apply_norm(layer.input_layernorm, hidden[i], conds[i])
+                q, k, v = layer.self_attn.qkv(normed)
                 qs.append(q), ks.append(k), vs.append(v)
             q, k, v = torch.cat(qs, 1), torch.cat(ks, 1), torch.cat(vs, 1)  # (B, T, N|K, H)
             # as in openpi gemma.py Attention: RoPE on q and k, then q *= head_dim**-0.5.
@@ -117,8 +123,8 @@ class PaliGemmaWithExpert(nn.Module):
                 v = torch.cat([kv_cache[layer_idx][1], v], dim=1)
             out = attention(q, k, v, attn_mask, self.cfg.attn_implementation)  # (B, T, N, H)
             for i, chunk in zip(active, torch.split(out, lengths, dim=1)):
-                hidden[i] = experts[i].layers[layer_idx].finish(hidden[i], chunk)
+                hidden[i] = experts[i].layers[layer_idx].finish(hidden[i], chunk, gates[i], conds[i])
         outputs: list[torch.Tensor | None] = [None] * len(inputs_embeds)
         for i in active:
-            outputs[i] = experts[i].norm(hidden[i])
+            outputs[i] = apply_norm(experts[i].norm, hidden[i], conds[i])[0]  # final_norm_1's gate is unused
         return outputs, (new_cache if return_kv_cache else None)

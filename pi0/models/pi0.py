@@ -23,7 +23,7 @@ from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 # and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
 _FP32_PARAM_MARKERS = ("layernorm", "layer_norm", ".norm.", "patch_embedding", "position_embedding")
 _FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.",
-               "optimality_embedding")
+               "time_mlp_in.", "time_mlp_out.", "optimality_embedding")
 
 
 def _is_fp32_param(name: str) -> bool:
@@ -39,17 +39,25 @@ def param_storage_dtype(name: str, dtype: str) -> torch.dtype:
 
 
 class PI0Model(nn.Module):
-    """The pi0 network: prefix (images + language) through PaliGemma, suffix (state + actions) through the expert."""
+    """The pi0 / pi0.5 network: prefix (images + language) through PaliGemma, suffix through the action expert.
+
+    pi0's suffix is a state token + H action tokens (action_in_proj(x_t) ++ posemb(t) through an MLP); pi0.5's
+    (``cfg.pi05``) is the H action tokens alone, with the time as the adaptive norms' condition.
+    """
 
     def __init__(self, cfg: Pi0Config):
         super().__init__()
         self.cfg = cfg
         w = cfg.action_expert.width
         self.paligemma_with_expert = PaliGemmaWithExpert(cfg)
-        self.state_proj = nn.Linear(cfg.action_dim, w)
         self.action_in_proj = nn.Linear(cfg.action_dim, w)
-        self.action_time_mlp_in = nn.Linear(2 * w, w)
-        self.action_time_mlp_out = nn.Linear(w, w)
+        if cfg.pi05:  # as in openpi pi0.py: time_mlp_in / time_mlp_out feed the adaRMS condition
+            self.time_mlp_in = nn.Linear(w, w)
+            self.time_mlp_out = nn.Linear(w, w)
+        else:
+            self.state_proj = nn.Linear(cfg.action_dim, w)
+            self.action_time_mlp_in = nn.Linear(2 * w, w)
+            self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
         self.fast_sampler: FastSampler | None = None  # see enable_fast_sampling
         if cfg.optimality_condition:
@@ -60,7 +68,7 @@ class PI0Model(nn.Module):
         """Add the zero-initialised optimality embedding (W,) (CFG-style RL); outputs are unchanged until trained."""
         if not self.cfg.optimality_condition:
             self.cfg = dataclasses.replace(self.cfg, optimality_condition=True)
-            ref = self.state_proj.weight
+            ref = self.action_in_proj.weight
             self.optimality_embedding = nn.Parameter(torch.zeros(ref.shape[0], dtype=torch.float32, device=ref.device))
         return self
 
@@ -107,15 +115,21 @@ class PI0Model(nn.Module):
         return emb, pad, ar
 
     def embed_suffix(self, state: torch.Tensor, noisy_actions: torch.Tensor, time: torch.Tensor,
-                     condition: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """state (B,S), x_t (B,H,A), t (B,), condition (B,) in {0,1} -> embs (B,1+H,W), pad (B,1+H), ar (1+H,).
+                     condition: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """state (B,S), x_t (B,H,A), t (B,), condition (B,) in {0,1} -> embs (B,Ts,W), pad (B,Ts), ar (Ts,),
+        adaRMS condition (B,W) or None.
 
-        as in openpi pi0.py embed_suffix: one state token, then H action tokens made of
-        action_in_proj(x_t) ++ posemb(t) -> mlp_in -> swish -> mlp_out. ar = [True, True, False...]:
-        the state token and the action block each start a new block. With ``cfg.optimality_condition``
-        (after CFGRL, Frans et al. 2025) ``condition * optimality_embedding`` is added to the state token;
+        as in openpi pi0.py embed_suffix. pi0: one state token, then H action tokens made of
+        action_in_proj(x_t) ++ posemb(t) -> mlp_in -> swish -> mlp_out; ar = [True, True, False...] (the state token
+        and the action block each start a new block). pi0.5: the H action tokens action_in_proj(x_t) alone,
+        ar = [True, False...], and posemb(t) -> time_mlp_in -> swish -> time_mlp_out -> swish is the condition of
+        the expert's adaptive norms. With ``cfg.optimality_condition`` (after CFGRL, Frans et al. 2025)
+        ``condition * optimality_embedding`` is added to the state token (pi0.5: to the time condition);
         ``condition=None`` means unconditioned (0).
         """
+        if self.cfg.pi05:
+            return self._embed_suffix_pi05(noisy_actions, time, condition)
         b, h, _ = noisy_actions.shape
         state_tok = self._linear(self.state_proj, state)[:, None]  # (B, 1, W)
         if condition is not None and self.cfg.optimality_condition:
@@ -129,11 +143,32 @@ class PI0Model(nn.Module):
         pad = torch.ones(b, 1 + h, dtype=torch.bool, device=emb.device)
         ar = torch.zeros(1 + h, dtype=torch.bool, device=emb.device)
         ar[:2] = True
-        return emb, pad, ar
+        return emb, pad, ar, None
 
-    def _velocity(self, suffix_out: torch.Tensor) -> torch.Tensor:
-        """(B, 1+H, W) expert output -> (B, H, A) float32 velocity."""
-        h = self.cfg.action_horizon
+    def time_condition(self, time: torch.Tensor) -> torch.Tensor:
+        """pi0.5: (B,) t -> (B, W) adaRMS condition (as in openpi pi0.py: posemb in float32, two swish MLP layers)."""
+        c = posemb_sincos(time, self.action_in_proj.out_features)
+        c = F.silu(self._linear(self.time_mlp_in, c))
+        return F.silu(self._linear(self.time_mlp_out, c))
+
+    def _embed_suffix_pi05(self, noisy_actions: torch.Tensor, time: torch.Tensor, condition: torch.Tensor | None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """pi0.5's suffix: (B,H,A) x_t, (B,) t -> embs (B,H,W), pad (B,H), ar (H,), condition (B,W)."""
+        b, h, _ = noisy_actions.shape
+        emb = self._linear(self.action_in_proj, noisy_actions).to(self.compute_dtype)  # (B, H, W)
+        cond = self.time_condition(time)  # (B, W) float32
+        if condition is not None and self.cfg.optimality_condition:
+            cond = cond + condition.to(cond.dtype)[:, None] * self.optimality_embedding.to(cond.dtype)
+        pad = torch.ones(b, h, dtype=torch.bool, device=emb.device)
+        ar = torch.zeros(h, dtype=torch.bool, device=emb.device)
+        ar[0] = True
+        return emb, pad, ar, cond
+
+    def _velocity(self, suffix_out: torch.Tensor, h: int) -> torch.Tensor:
+        """(B, Ts, W) expert output -> (B, H, A) float32 velocity of the last H (action) tokens.
+
+        H comes from the inputs (x_t), not the config: the horizon a checkpoint was converted with does not limit it.
+        """
         return self._linear(self.action_out_proj, suffix_out[:, -h:]).to(torch.float32)
 
     # ------------------------------------------------------------------ training loss
@@ -159,11 +194,12 @@ class PI0Model(nn.Module):
                          condition: torch.Tensor | None = None) -> torch.Tensor:
         """v_theta(x_t, t | condition (B,)) (B, H, A) from one joint pass over prefix + suffix (training path)."""
         p_emb, p_pad, p_ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
-        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time, condition)
+        s_emb, s_pad, s_ar, s_cond = self.embed_suffix(state, x_t, time, condition)
         pad = torch.cat([p_pad, s_pad], 1)
         mask = make_attn_mask(pad, torch.cat([p_ar, s_ar]))
-        (_, s_out), _ = self.paligemma_with_expert([p_emb, s_emb], mask, make_positions(pad))
-        return self._velocity(s_out)
+        (_, s_out), _ = self.paligemma_with_expert([p_emb, s_emb], mask, make_positions(pad),
+                                                   adarms_cond=[None, s_cond])
+        return self._velocity(s_out, x_t.shape[1])
 
     # ------------------------------------------------------------------ inference
     def encode_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
@@ -182,13 +218,14 @@ class PI0Model(nn.Module):
         as in openpi pi0.py sample_actions step(): suffix queries see every valid prefix key plus
         the suffix block mask; suffix positions continue from sum(prefix_mask).
         """
-        s_emb, s_pad, s_ar = self.embed_suffix(state, x_t, time, condition)
+        s_emb, s_pad, s_ar, s_cond = self.embed_suffix(state, x_t, time, condition)
         t_s = s_emb.shape[1]
         prefix_part = prefix_pad[:, None, :].expand(-1, t_s, -1)  # (B, Ts, Tp)
         mask = torch.cat([prefix_part, make_attn_mask(s_pad, s_ar)], -1)  # (B, Ts, Tp + Ts)
         positions = make_positions(s_pad, offset=prefix_pad.sum(-1))
-        (_, s_out), _ = self.paligemma_with_expert([None, s_emb], mask, positions, kv_cache=kv_cache)
-        return self._velocity(s_out)
+        (_, s_out), _ = self.paligemma_with_expert([None, s_emb], mask, positions, kv_cache=kv_cache,
+                                                   adarms_cond=[None, s_cond])
+        return self._velocity(s_out, x_t.shape[1])
 
     @torch.no_grad()
     def sample_actions(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,

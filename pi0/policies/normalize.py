@@ -119,3 +119,9 @@ def unnormalize(x: torch.Tensor, stats: Stats, mode: str = "zscore") -> torch.Te
         return out
     scale, shift = _scale_shift(stats, mode, x.shape[-1])
     return xd * torch.as_tensor(scale, device=x.device) + torch.as_tensor(shift, device=x.device)
+
+
+def discretize_state(state: np.ndarray, bins: int = 256) -> np.ndarray:
+    """(..., S) normalized state -> int bins in [-1, 255], as in openpi tokenizer.py (pi0-FAST and pi0.5 prompts):
+    digitize(state, linspace(-1, 1, bins + 1)[:-1]) - 1."""
+    return np.digitize(state, bins=np.linspace(-1, 1, bins + 1)[:-1]) - 1

@@ -21,7 +21,7 @@ from pi0.models.init import check_init_mode, scratch_init_
 from pi0.models.pi0 import PI0Model
 from pi0.policies.base import PretrainedPolicy
 from pi0.policies.io import Observation, PolicyIO
-from pi0.policies.normalize import MODES, NormStats, Stats, normalize, unnormalize
+from pi0.policies.normalize import MODES, discretize_state, NormStats, Stats, normalize, unnormalize
 from pi0.policies.tokenizer import PaligemmaTokenizer
 
 
@@ -39,6 +39,8 @@ class PolicyConfig:
     # CFG-style RL: guidance weight w used when the model has the optimality condition (0 = reference
     # policy, 1 = conditioned policy, >1 = guided further; see PI0Model.guided_velocity_fn).
     cfg_guidance: float = 1.0
+    # pi0.5's discrete-state prompt ("Task: ..., State: <256 bins>;\nAction: "); openpi pi05_libero turns it off.
+    discrete_state_input: bool = False
 
     def __post_init__(self) -> None:
         if self.normalization not in MODES:
@@ -95,8 +97,9 @@ class PI0Policy(PretrainedPolicy, PolicyIO, nn.Module):
         """Validate an observation and build model inputs (images in [-1,1], masks, tokens, padded normalized state)."""
         images, masks, state, prompts = self.observation_inputs(observation)
         device = self.device
-        tokens, tok_mask = self.tokenizer(prompts)
         norm_state = normalize(state, self.norm_stats["state"], self.config.normalization)
+        bins = discretize_state(norm_state.numpy()).tolist() if self.config.discrete_state_input else None
+        tokens, tok_mask = self.tokenizer(prompts, bins)
         padded = F.pad(norm_state, (0, self.config.model.action_dim - self.state_dim)).to(torch.float32)
         return dict(images=images, img_masks=masks, lang_tokens=tokens.to(device), lang_masks=tok_mask.to(device),
                     state=padded.to(device), raw_state=state)

@@ -26,7 +26,7 @@ from pi0.models.config import CAMERA_KEYS, config_from_dict
 from pi0.policies.fast_tokenizer import FASTTokenizer, synthetic_chunks
 from pi0.models.init import check_init_mode, scratch_init_
 from pi0.models.pi0fast import PALIGEMMA_EOS_TOKEN, PI0FASTModel, Pi0FASTConfig
-from pi0.policies.normalize import MODES, NormStats, normalize, unnormalize
+from pi0.policies.normalize import MODES, NormStats, discretize_state, normalize, unnormalize
 from pi0.policies.base import PretrainedPolicy
 from pi0.policies.io import Observation, PolicyIO
 from pi0.policies.tokenizer import PaligemmaTokenizer
@@ -35,11 +35,6 @@ MODEL_TYPE = "pi0fast"
 FAST_DIR = "fast_tokenizer"
 # How decoded tokens become a chunk: "openpi" (as openpi serves: zeros for a malformed output) or "best_effort".
 DECODING_MODES = ("openpi", "best_effort")
-
-
-def discretize_state(state: np.ndarray, bins: int = 256) -> np.ndarray:
-    """(..., S) normalized state -> int bins, as in openpi FASTTokenizer: digitize(linspace(-1,1,bins+1)[:-1]) - 1."""
-    return np.digitize(state, bins=np.linspace(-1, 1, bins + 1)[:-1]) - 1
 
 
 class FASTPromptTokenizer:

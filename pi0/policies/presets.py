@@ -34,9 +34,11 @@ def tiny_tokenizer(max_len: int = 48, cache_dir: Path | None = None) -> Paligemm
 
 
 def tiny_policy(seed: int = 0, delta_action_dims: int = 6, state_dim: int = 8, action_dim: int = 7,
-                dtype: str = "float32", **policy_overrides) -> PI0Policy:
-    """A tiny random pi0 (Gemma 'dummy' x2, SigLIP mu/14) in LIBERO's I/O format (8-D state, 7-D actions)."""
-    cfg = PolicyConfig(model=Pi0Config.tiny(dtype=dtype), delta_action_dims=delta_action_dims, **policy_overrides)
+                dtype: str = "float32", pi05: bool = False, **policy_overrides) -> PI0Policy:
+    """A tiny random pi0 (or pi0.5: ``pi05=True``) (Gemma 'dummy' x2, SigLIP mu/14) in LIBERO's I/O format
+    (8-D state, 7-D actions)."""
+    cfg = PolicyConfig(model=Pi0Config.tiny(dtype=dtype, pi05=pi05), delta_action_dims=delta_action_dims,
+                       **policy_overrides)
     return PI0Policy.random_init(cfg, default_norm_stats(state_dim, action_dim), tiny_tokenizer(), seed=seed)
 
 

@@ -41,9 +41,17 @@ class PaligemmaTokenizer:
         """Number of pieces in the sentencepiece model."""
         return self.sp.get_piece_size()
 
-    def encode_one(self, prompt: str) -> tuple[list[int], list[bool]]:
-        """One prompt -> (ids, mask) lists of length ``max_len``; over-long prompts are truncated with a warning."""
-        ids = self.sp.encode(clean_prompt(prompt), add_bos=True) + self.sp.encode("\n")
+    def encode_one(self, prompt: str, state_bins: list[int] | None = None) -> tuple[list[int], list[bool]]:
+        """One prompt -> (ids, mask) lists of length ``max_len``; over-long prompts are truncated with a warning.
+
+        as in openpi tokenizer.py PaligemmaTokenizer.tokenize: pi0 format ``[bos] + cleaned + "\n"``; with
+        ``state_bins`` the pi0.5 discrete-state format ``[bos] + "Task: {cleaned}, State: {bins};\nAction: "``.
+        """
+        if state_bins is None:
+            ids = self.sp.encode(clean_prompt(prompt), add_bos=True) + self.sp.encode("\n")
+        else:
+            text = f"Task: {clean_prompt(prompt)}, State: {' '.join(map(str, state_bins))};\nAction: "
+            ids = self.sp.encode(text, add_bos=True)
         n = len(ids)
         if n > self.max_len:
             # as openpi does: warn and truncate to the token budget.
@@ -54,11 +62,12 @@ class PaligemmaTokenizer:
             ids, n = ids[: self.max_len], self.max_len
         return ids + [0] * (self.max_len - n), [True] * n + [False] * (self.max_len - n)
 
-    def __call__(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """list of B prompts -> tokens (B, max_len) long, mask (B, max_len) bool."""
+    def __call__(self, prompts: list[str], state_bins: list[list[int]] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """list of B prompts (+ B discretised states, pi0.5 format) -> tokens (B, max_len) long, mask (B, max_len)."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        pairs = [self.encode_one(p) for p in prompts]
+        pairs = [self.encode_one(p, None if state_bins is None else state_bins[i]) for i, p in enumerate(prompts)]
         return (torch.tensor([p[0] for p in pairs], dtype=torch.long),
                 torch.tensor([p[1] for p in pairs], dtype=torch.bool))
 

@@ -44,6 +44,7 @@ class TinyArenaConfig:
     max_token_len: int = 24  # arena prompts are <= 23 tiny-tokenizer tokens
     init: str = "scratch"  # PI0Policy.random_init mode: "scratch" trains; "noisy" (parity init) barely sees images
     seed: int = 0
+    pi05: bool = False  # the pi0.5 architecture (no state token; adaRMS time conditioning)
 
 
 def tiny_arena_policy(cfg: TinyArenaConfig, norm_stats: NormStats) -> PI0Policy:
@@ -53,7 +54,7 @@ def tiny_arena_policy(cfg: TinyArenaConfig, norm_stats: NormStats) -> PI0Policy:
                        image_size=cfg.image_size, variant="custom")
     mc = Pi0Config(paligemma=g, action_expert=g, vision=vis,
                    vocab_size=1024, action_horizon=cfg.action_horizon, num_cameras=2,
-                   max_token_len=cfg.max_token_len)
+                   max_token_len=cfg.max_token_len, pi05=cfg.pi05)
     pc = PolicyConfig(model=mc, n_action_steps=cfg.n_action_steps, num_steps=cfg.num_steps, delta_action_dims=0,
                       image_keys=("base_0_rgb", "left_wrist_0_rgb"))
     return PI0Policy.random_init(pc, norm_stats, tiny_tokenizer(cfg.max_token_len), seed=cfg.seed,

@@ -185,7 +185,8 @@ class LiberoServingPolicy:
     def metadata(self) -> dict[str, Any]:
         """Sent to every client on connect."""
         cfg = self.policy.config
-        return {"policy": self.name, "model_type": self.model_type, "action_horizon": cfg.model.action_horizon,
+        return {"policy": self.name, "model_type": self.model_type, "pi05": bool(getattr(cfg.model, "pi05", False)),
+                "action_horizon": cfg.model.action_horizon,
                 "action_dim": self.policy.action_dim,
                 "state_dim": self.policy.state_dim, "image_size": cfg.model.vision.image_size,
                 "observation_keys": list(LIBERO_KEYS)}
