@@ -65,7 +65,8 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str
     with torch.device("meta"):
         torch.nn.Embedding(4, 4)
     pi05 = model == "pi05"
-    cfg = Pi0Config(pi05=pi05) if config == "full" else ci_config(pi05)
+    cfg = (Pi0Config(pi05=True, action_horizon=10, max_token_len=200) if pi05 else Pi0Config()) if config == "full" \
+        else ci_config(pi05)  # pi0.5: pi05_libero's horizon and token budget (the weights are the same)
     ckpt, out = work / f"openpi_ckpt_{stored}", work / f"converted_{dtype}"
     base, t0, info = vm_status("VmRSS"), time.perf_counter(), {}
     if name == "write":

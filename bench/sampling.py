@@ -37,7 +37,8 @@ def build(args: argparse.Namespace) -> Pi0Config:
         pg, ex, vis, vocab = args.paligemma or pg, args.expert or ex, args.vision or vis, args.vocab or vocab
     gemma = lambda v: v if isinstance(v, GemmaConfig) else GemmaConfig.from_variant(v)  # noqa: E731
     return Pi0Config(paligemma=gemma(pg), action_expert=gemma(ex), vision=SiglipConfig.from_variant(vis),
-                     vocab_size=vocab, dtype=args.dtype, attn_implementation=args.attn, pi05=args.pi05)
+                     vocab_size=vocab, dtype=args.dtype, attn_implementation=args.attn, pi05=args.pi05,
+                     **({"action_horizon": 10, "max_token_len": 200} if args.pi05 else {}))  # pi05_libero's
 
 
 def sync(device: str) -> None:

@@ -27,8 +27,10 @@ _FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_tim
 
 
 def _is_fp32_param(name: str) -> bool:
-    """True for parameters that stay float32 in bfloat16 mode."""
+    """True for parameters that stay float32 in bfloat16 mode (pi0.5's adaRMS Dense is a bf16 Dense, not a norm scale)."""
     name = name.removeprefix("model.")
+    if ".dense." in name:
+        return False
     return (any(m in name for m in _FP32_PARAM_MARKERS) or name.endswith(".norm.weight")
             or name.startswith(_FP32_HEADS))
 

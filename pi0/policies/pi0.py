@@ -39,7 +39,8 @@ class PolicyConfig:
     # CFG-style RL: guidance weight w used when the model has the optimality condition (0 = reference
     # policy, 1 = conditioned policy, >1 = guided further; see PI0Model.guided_velocity_fn).
     cfg_guidance: float = 1.0
-    # pi0.5's discrete-state prompt ("Task: ..., State: <256 bins>;\nAction: "); openpi pi05_libero turns it off.
+    # pi0.5's discrete-state prompt ("Task: ..., State: <256 bins>;\nAction: "). openpi defaults it to pi05 and its
+    # pi05_libero turns it off; here it is off unless set (the converter sets it from --openpi_config).
     discrete_state_input: bool = False
 
     def __post_init__(self) -> None:
@@ -98,7 +99,7 @@ class PI0Policy(PretrainedPolicy, PolicyIO, nn.Module):
         images, masks, state, prompts = self.observation_inputs(observation)
         device = self.device
         norm_state = normalize(state, self.norm_stats["state"], self.config.normalization)
-        bins = discretize_state(norm_state.numpy()).tolist() if self.config.discrete_state_input else None
+        bins = discretize_state(norm_state.cpu().numpy()).tolist() if self.config.discrete_state_input else None
         tokens, tok_mask = self.tokenizer(prompts, bins)
         padded = F.pad(norm_state, (0, self.config.model.action_dim - self.state_dim)).to(torch.float32)
         return dict(images=images, img_masks=masks, lang_tokens=tokens.to(device), lang_masks=tok_mask.to(device),
