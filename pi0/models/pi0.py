@@ -17,6 +17,7 @@ from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.config import Pi0Config
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
+from pi0.models.flow_sde import gaussian_log_prob, sde_step_moments, sde_times
 from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
@@ -249,6 +250,54 @@ class PI0Model(nn.Module):
         else:
             velocity = self.guided_velocity_fn(kv_cache, prefix_pad, state, float(guidance))
         return euler_integrate(velocity, noise.float(), num_steps)
+
+    @torch.no_grad()
+    def sample_actions_sde(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                           lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, num_steps: int = 10,
+                           noise_level: float = 0.5, sde_step: int | None = None,
+                           generator: torch.Generator | None = None) -> dict[str, Any]:
+        """Flow-SDE sampling (``pi0.models.flow_sde``): Euler steps, except step ``sde_step`` k (default: drawn
+        uniformly from 0..N-1 with ``generator``), a Gaussian transition. noise (B,H,A) ->
+        {"actions" (B,H,A), "chain" (B,N+1,H,A): x at t = 1, 1-1/N, ..., 0, "sde_step" k,
+         "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise}.
+
+        as in RLinf's hybrid ODE/SDE sampler (one stochastic step per call, shared by the batch).
+        """
+        times = sde_times(num_steps)
+        dt = 1.0 / num_steps
+        if sde_step is None:
+            sde_step = int(torch.randint(num_steps, (1,), generator=generator))
+        if not 0 <= sde_step < num_steps:
+            raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+        kv_cache, prefix_pad = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
+        x = noise.float()
+        chain, log_prob = [x], None
+        for k, t in enumerate(times):
+            v = self.denoise_step(kv_cache, prefix_pad, state, x, torch.full((x.shape[0],), t, device=x.device))
+            if k == sde_step:
+                mean, std = sde_step_moments(x, v, t, dt, noise_level)
+                eps = torch.randn(x.shape, generator=generator, device="cpu").to(x.device)
+                x = mean + std * eps
+                log_prob = gaussian_log_prob(x, mean, std)
+            else:
+                x = x - dt * v  # the deterministic Euler step (t decreasing)
+            chain.append(x)
+        return {"actions": x, "chain": torch.stack(chain, 1), "sde_step": sde_step, "log_prob": log_prob}
+
+    def step_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                      lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, sde_step: int,
+                      num_steps: int, noise_level: float) -> torch.Tensor:
+        """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient.
+
+        The recorded step of ``sample_actions_sde`` re-evaluated (PPO's new log-probability); unchanged weights give
+        the recorded ``log_prob``.
+        """
+        t = sde_times(num_steps)[sde_step]
+        x = chain[:, sde_step].float()
+        v = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x,
+                                  torch.full((x.shape[0],), t, device=x.device))
+        mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level)
+        return gaussian_log_prob(chain[:, sde_step + 1].float(), mean, std)
 
     def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -1,0 +1,53 @@
+"""Flow-SDE: pi0's Euler sampler made stochastic, so each denoising step is a Gaussian with an exact log-density.
+
+As in Flow-GRPO's ``sde_step_with_logprob`` and RLinf's pi0 port (facts: ``../shared/notes/rl_references.md``): on
+the time grid t = 1, 1 - d, ..., d (d = 1/N, the flow runs from noise at t=1 to actions at t=0), with the model's
+velocity v at (x_t, t),
+
+    x0_hat = x_t - t v,   x1_hat = x_t + (1 - t) v,   sigma_t = a sqrt(t / (1 - t))   (1 - t := d at t = 1)
+    mean   = x_t - d v - sigma_t^2 d / (2 t) * x1_hat,   std = sigma_t sqrt(d)
+
+so a = 0 gives the deterministic Euler step back. These are pure functions; ``PI0Model.sample_actions_sde`` runs
+them on the model and records the chain, and the RL update recomputes a recorded step's log-density under new
+weights (``step_log_prob``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def sde_times(num_steps: int) -> list[float]:
+    """The N times at which the velocity is evaluated: 1, 1 - 1/N, ..., 1/N (float32 values, as the ODE sampler)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    d = torch.tensor(1.0 / num_steps, dtype=torch.float32)
+    return [float(torch.tensor(1.0, dtype=torch.float32) - k * d) for k in range(num_steps)]
+
+
+def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float, dt: float, noise_level: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x_t, v (B,H,A), time t, step size dt = 1/N > 0, noise level a -> (mean (B,H,A), std (scalar tensor)).
+
+    as in Flow-GRPO sde_step_with_logprob / RLinf sample_mean_var_val (see the module docstring).
+    """
+    one_minus_t = dt if t >= 1.0 else 1.0 - t  # at t = 1 the variance uses 1 - t := dt (sigma stays finite)
+    sigma = noise_level * math.sqrt(t / one_minus_t)
+    x1_hat = x_t + (1.0 - t) * v
+    mean = x_t - dt * v - (sigma ** 2 * dt / (2.0 * t)) * x1_hat
+    return mean, torch.tensor(sigma * math.sqrt(dt), dtype=x_t.dtype, device=x_t.device)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Elementwise log N(x; mean, std^2) (same shape as x); a density, so it can exceed 0 for small std."""
+    z = (x - mean) / std
+    return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, H, A) values, (B, H, A) or broadcastable bool/float mask -> (B,) sum of the masked entries."""
+    return (values * mask.to(values.dtype)).flatten(1).sum(-1)
