@@ -31,6 +31,9 @@ def _need(path: Path) -> Path:
     return path
 
 
+need_fixture = _need  # for test modules: a missing shared fixture fails the test (CI has ../shared)
+
+
 @pytest.fixture(scope="session")
 def pi0_reference() -> dict[str, np.ndarray]:
     """openpi's reference outputs on the tiny model."""

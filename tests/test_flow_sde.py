@@ -76,3 +76,42 @@ def test_recorded_log_prob_equals_recomputation_under_the_same_policy(pi05):
     det = policy.model.sample_actions_sde(*args, noise=noise, num_steps=5, noise_level=0.0, sde_step=2)
     # (std 0: the step is the Euler step, its log-density is not defined)
     assert torch.allclose(det["actions"], policy.model.sample_actions(*args, noise=noise, num_steps=5), atol=1e-5)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+def test_one_ppo_iteration_collects_chains_and_updates(pi05):
+    """objective=ppo: SDE collection records each decision's chain; the first minibatch's ratio is 1 (the same
+    weights), the update moves the parameters; a config key selects it."""
+    from pi0.policies.pi0 import default_norm_stats
+    from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
+    from pi0.ript.config import load_config
+    from pi0.ript.init_states import InitStateSampler
+    from pi0.ript.trainer import RIPTTrainer, RLConfig
+    from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=3,
+                                            pi05=pi05), default_norm_stats(8, 7))
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        cfg = RLConfig(objective="ppo", num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0,
+                       opt=OptimizerConfig(minibatch_size=64, lr=1e-3, epochs=1))
+        tr = RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), cfg)
+        assert not pol.config.model.optimality_condition  # LOOP needs no condition
+        before = [p.detach().clone() for p in pol.model.parameters()]
+        st = tr.step()
+        ep = tr.last_collection.groups[0].episodes[0]
+        assert ep.decisions[0].extras["chain"].shape == (4, 4, 32) and 0 <= ep.decisions[0].extras["sde_step"] < 3
+        assert st["train/steps"] == 1 and abs(st["train/ratio_mean"] - 1.0) < 1e-3 and st["train/clip_frac"] == 0.0
+        # the random policy failed both rollouts: A = 0, no gradient, nothing moves (no imitation of own samples)
+        assert all(torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
+        # with advantages +1 / -1 the same windows move the weights
+        a_ep, b_ep = tr.last_collection.groups[0].episodes
+        windows = tr.adapter.episode_windows(a_ep, 1.0) + tr.adapter.episode_windows(b_ep, -1.0)
+        upd = tr.optimizer.step(windows)
+        assert upd["steps"] == 1 and abs(upd["ratio_mean"] - 1.0) < 1e-3
+        assert any(not torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
+    finally:
+        runner.close()
+    assert load_config("debug_train_pi0", ["algo.objective=ppo"], check_paths=False).algo.objective == "ppo"
+    with pytest.raises(ValueError, match="algo.objective"):
+        load_config("debug_train_pi0", ["algo.objective=grpo"], check_paths=False)

@@ -14,31 +14,25 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GOLDEN, REPO
+from conftest import CAMERAS as CAMS
+from conftest import GOLDEN, REPO, need_fixture
 from pi0.policies.libero import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
 from pi0.policies import load_policy
 from pi0.policies.pi0fast import discretize_state
 
 FIX = GOLDEN / "openpi_pi0fast_libero_policy_tiny"
 CKPT = GOLDEN / "openpi_pi0fast_tiny" / "checkpoint" / "params"
-CAMS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
-
-
-def _need(path):
-    if not path.exists():
-        pytest.skip(f"fixture {path} not available")
-    return path
 
 
 @pytest.fixture(scope="module")
 def ref():
-    return dict(np.load(_need(FIX / "reference.npz")))
+    return dict(np.load(need_fixture(FIX / "reference.npz")))
 
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("fast_libero") / "policy"
-    cmd = [sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir", str(_need(CKPT)),
+    cmd = [sys.executable, str(REPO / "convert_pi0_to_hf_lerobot.py"), "--checkpoint_dir", str(need_fixture(CKPT)),
            "--output_path", str(out), "--openpi_config", "pi0_fast_libero", "--norm_stats",
            str(FIX / "norm_stats.json"), "--tokenizer", str(FIX / "tokenizer.model"),
            "--fast_tokenizer", str(FIX / "fast_tokenizer")]

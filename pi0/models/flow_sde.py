@@ -29,17 +29,23 @@ def sde_times(num_steps: int) -> list[float]:
     return [float(torch.tensor(1.0, dtype=torch.float32) - k * d) for k in range(num_steps)]
 
 
-def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float, dt: float, noise_level: float
+def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float | torch.Tensor, dt: float, noise_level: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x_t, v (B,H,A), time t, step size dt = 1/N > 0, noise level a -> (mean (B,H,A), std (scalar tensor)).
+    """x_t, v (B,H,A), time t (a float, or (B,) per sample), step size dt = 1/N > 0, noise level a ->
+    (mean (B,H,A), std: a scalar tensor, or (B,1,1) for per-sample t).
 
     as in Flow-GRPO sde_step_with_logprob / RLinf sample_mean_var_val (see the module docstring).
     """
-    one_minus_t = dt if t >= 1.0 else 1.0 - t  # at t = 1 the variance uses 1 - t := dt (sigma stays finite)
-    sigma = noise_level * math.sqrt(t / one_minus_t)
-    x1_hat = x_t + (1.0 - t) * v
-    mean = x_t - dt * v - (sigma ** 2 * dt / (2.0 * t)) * x1_hat
-    return mean, torch.tensor(sigma * math.sqrt(dt), dtype=x_t.dtype, device=x_t.device)
+    if not torch.is_tensor(t):
+        t = torch.tensor(float(t), dtype=torch.float64)
+    t = t.to(torch.float64)
+    one_minus_t = torch.where(t >= 1.0, torch.full_like(t, dt), 1.0 - t)  # at t = 1: 1 - t := dt (finite sigma)
+    sigma = noise_level * torch.sqrt(t / one_minus_t)
+    shape = (-1, 1, 1) if t.ndim else ()
+    t_, sigma_ = t.reshape(shape).to(x_t), sigma.reshape(shape).to(x_t)
+    x1_hat = x_t + (1.0 - t_) * v
+    mean = x_t - dt * v - (sigma_ ** 2 * dt / (2.0 * t_)) * x1_hat
+    return mean, sigma_ * math.sqrt(dt)
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -285,19 +285,21 @@ class PI0Model(nn.Module):
         return {"actions": x, "chain": torch.stack(chain, 1), "sde_step": sde_step, "log_prob": log_prob}
 
     def step_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-                      lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, sde_step: int,
+                      lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, sde_step: int | torch.Tensor,
                       num_steps: int, noise_level: float) -> torch.Tensor:
         """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient.
 
-        The recorded step of ``sample_actions_sde`` re-evaluated (PPO's new log-probability); unchanged weights give
-        the recorded ``log_prob``.
+        chain (B,N+1,H,A); ``sde_step`` k: one int, or (B,) per sample. The recorded step of ``sample_actions_sde``
+        re-evaluated (PPO's new log-probability); unchanged weights give the recorded ``log_prob``.
         """
-        t = sde_times(num_steps)[sde_step]
-        x = chain[:, sde_step].float()
-        v = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x,
-                                  torch.full((x.shape[0],), t, device=x.device))
+        b = chain.shape[0]
+        k = torch.as_tensor(sde_step, device=chain.device).long().expand(b)
+        rows = torch.arange(b, device=chain.device)
+        t = torch.tensor(sde_times(num_steps), dtype=torch.float32, device=chain.device)[k]  # (B,)
+        x = chain[rows, k].float()
+        v = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t)
         mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level)
-        return gaussian_log_prob(chain[:, sde_step + 1].float(), mean, std)
+        return gaussian_log_prob(chain[rows, k + 1].float(), mean, std)
 
     def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

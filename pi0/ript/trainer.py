@@ -21,6 +21,7 @@ import torch
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
+from pi0.ript.algos.ppo import PI0_PPO_Adapter, SDEChunkPolicy
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
 from pi0.ript.algos.rl_optimizers.rollout_generator import Collection, RolloutGenerator
@@ -33,6 +34,13 @@ class RLConfig:
     """RIPT-CFG settings: the ``algo`` section of the training config (stage 7: one update pass; stage 8: epochs)."""
 
     iterations: int = 10
+    # "cfg": the CFG-style advantage-conditioned flow-matching objective (below); "ppo": RIPT-VLA's LOOP for flow
+    # policies (pi0.ript.algos.ppo): Flow-SDE collection (noise_level; one stochastic denoising step per chunk), and
+    # PPO-clipped (clip) ratios of the recorded step's log-density times the episode's RLOO advantage, opt.epochs
+    # passes. Evaluation keeps the deterministic sampler.
+    objective: str = "cfg"
+    noise_level: float = 0.5
+    clip: float = 0.2
     num_groups: int = 4  # B init states per iteration
     group_size: int = 8  # K rollouts per init state (rloo_batch_size)
     p_uncond: float = 0.3  # condition dropout
@@ -79,6 +87,7 @@ class RLConfig:
 
 
 BEHAVIORS = ("current", "frozen")
+OBJECTIVES = ("cfg", "ppo")
 
 
 def enable_optimality_condition(policy: PI0Policy, guidance: float | None = None) -> PI0Policy:
@@ -109,11 +118,14 @@ class RIPTTrainer:
         self.anchor_windows = [dict(w, label=float(w.get("success", 1.0)), advantage=float(w.get("success", 1.0)))
                                for w in anchor_windows]
         self.anchor_rng = np.random.default_rng(cfg.seed + 7)
-        if not policy.config.model.optimality_condition:
-            enable_optimality_condition(policy)
-        policy.config.cfg_guidance = float(cfg.cfg_guidance)
-        self.adapter = PI0_CFG_Adapter(policy, cfg.target, cfg.p_uncond, cfg.advantage_weighting,
-                                       cfg.negative_weight)
+        if cfg.objective == "ppo":
+            self.adapter: PI0_CFG_Adapter = PI0_PPO_Adapter(policy, cfg.noise_level, cfg.clip)
+        else:
+            if not policy.config.model.optimality_condition:
+                enable_optimality_condition(policy)
+            policy.config.cfg_guidance = float(cfg.cfg_guidance)
+            self.adapter = PI0_CFG_Adapter(policy, cfg.target, cfg.p_uncond, cfg.advantage_weighting,
+                                           cfg.negative_weight)
         self.optimizer = RLOptimizerPI0_CFG(self.adapter, cfg.opt, seed=cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.behavior = policy
@@ -123,8 +135,10 @@ class RIPTTrainer:
         if cfg.behavior == "frozen":  # a no-grad snapshot (same weights, w and norm stats), refreshed in step()
             self.behavior = copy.deepcopy(policy).eval()
             self.behavior.model.requires_grad_(False)
-        self.rollouts = RolloutGenerator(runner, Pi0ChunkPolicy(self.behavior, self.generator), sampler,
-                                         cfg.group_size, cfg.dynamic_sampling, history, cfg.max_collect_attempts)
+        collector = (SDEChunkPolicy(self.behavior, cfg.noise_level, self.generator) if cfg.objective == "ppo"
+                     else Pi0ChunkPolicy(self.behavior, self.generator))
+        self.rollouts = RolloutGenerator(runner, collector, sampler, cfg.group_size, cfg.dynamic_sampling, history,
+                                         cfg.max_collect_attempts)
         self.replay = WindowReplay(cfg.replay_windows, cfg.seed + 13) if cfg.replay_windows > 0 else None
         self.eval_states = list(eval_states)
         self.iteration = 0
@@ -175,7 +189,7 @@ class RIPTTrainer:
         self.policy.eval()
         col = self.rollouts.collect(cfg.num_groups)
         windows = collection_windows(self.adapter, col)
-        if cfg.negative_weight == 0.0:  # weight-0 windows add nothing to the loss: spare their forward passes
+        if cfg.objective == "cfg" and cfg.negative_weight == 0.0:  # weight-0 windows add nothing: spare their passes
             windows = [w for w in windows if w["label"] > 0]
         n_fresh = len(windows)
         if self.replay is not None:

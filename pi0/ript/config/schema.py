@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pi0.errors import UserError, require_path
 from pi0.rollout.config import RunnerConfig
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import TARGETS
-from pi0.ript.trainer import BEHAVIORS, RLConfig
+from pi0.ript.trainer import BEHAVIORS, OBJECTIVES, RLConfig
 
 PRESET_DIR = Path(__file__).parent
 ENVS = ("arena", "libero")
@@ -137,6 +137,9 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.iterations": (lambda v: v >= 1, ">= 1"),
     "algo.num_groups": (lambda v: v >= 1, ">= 1"),
     "algo.group_size": (lambda v: v >= 2, ">= 2 (RLOO needs two rollouts per state)"),
+    "algo.objective": (lambda v: v in OBJECTIVES, f"one of {OBJECTIVES}"),
+    "algo.noise_level": (lambda v: v > 0.0, "> 0 (the Flow-SDE noise level a; RLinf uses 0.3-0.5)"),
+    "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
     "algo.negative_weight": (lambda v: v >= 0.0, ">= 0"),
