@@ -53,6 +53,9 @@ class Config:
     eval_states: int = 100  # 40 states read 0.05-0.22 for one policy across flow-noise seeds
     num_init_states: int = 2000  # arena layouts per task (pure functions of (task, id); only an upper bound)
     minutes: float = 20.0  # RL wall-clock budget (rollouts + updates + periodic evals)
+    objective: str = "cfg"  # "cfg" | "ppo" (RLConfig.objective; ppo needs --anchor_ratio 0)
+    noise_level: float = 0.5  # ppo: the Flow-SDE noise level
+    clip: float = 0.2  # ppo: the ratio clip
     eval_every: int = 10
     num_groups: int = 4
     group_size: int = 8
@@ -152,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     sft_proc = subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
                                  "--sft_only"]) if cfg.sft_baseline else None
 
-    rl = RLConfig(num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
+    rl = RLConfig(objective=cfg.objective, noise_level=cfg.noise_level, clip=cfg.clip,
+                  num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                   cfg_guidance=cfg.cfg_guidance, target=cfg.target, advantage_weighting=cfg.advantage_weighting,
                   negative_weight=cfg.negative_weight,
                   anchor_ratio=cfg.anchor_ratio, behavior=cfg.behavior, behavior_refresh=cfg.behavior_refresh,

@@ -113,6 +113,8 @@ class RIPTTrainer:
         self.policy, self.runner, self.cfg = policy, runner, cfg
         if cfg.anchor_ratio > 0 and not anchor_windows:
             raise ValueError("anchor_ratio > 0 needs anchor_windows (the warm start's demo windows)")
+        if cfg.anchor_ratio > 0 and cfg.objective != "cfg":
+            raise ValueError(f"the demo anchor (anchor_ratio > 0) is a CFG-objective option; objective={cfg.objective!r}")
         # demo windows (PI0_CFG_Adapter.demo_windows) for the anchor, labelled by their demo's outcome: a successful
         # demo is a positive (A = 1: a success in any group), a failed one (mixed-quality demos) trains the reference
         self.anchor_windows = [dict(w, label=float(w.get("success", 1.0)), advantage=float(w.get("success", 1.0)))

@@ -249,6 +249,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_ranges(cfg)
     _check_tasks(cfg)
     warm_start = cfg.task.env == "arena" and not cfg.task.checkpoint  # the run starts from the arena's SFT warm start
+    if cfg.algo.anchor_ratio > 0 and cfg.algo.objective != "cfg":
+        raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} is an option of the CFG objective, not of "
+                        f"algo.objective={cfg.algo.objective}; set algo.anchor_ratio=0")
     if cfg.algo.anchor_ratio > 0 and not warm_start:
         raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} needs the warm start's expert demos, which only "
                         "the arena warm start has (task.env=arena, no task.checkpoint); set algo.anchor_ratio=0")
