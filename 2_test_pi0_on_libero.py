@@ -33,7 +33,7 @@ from pi0.utils.cli import parse_config  # noqa: E402
 
 @dataclass
 class Config(EvalConfig):
-    """Stage 2 options: the policy, plus every pi0.eval.EvalConfig field (suite, task_ids, num_trials, ...)."""
+    """Stage 2 options: the policy, plus every pi0.evaluation.libero_eval.EvalConfig field (suite, task_ids, num_trials, ...)."""
 
     checkpoint: str = ""  # PI0Policy directory; "" = tiny embedded default
     device: str = "cpu"

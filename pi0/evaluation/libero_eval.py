@@ -1,4 +1,4 @@
-"""LIBERO evaluation of a PI0Policy: success rates per task and suite, videos, debug sessions.
+"""LIBERO evaluation of any policy (pi0, pi0.5, pi0-FAST): success rates per task and suite, videos, debug sessions.
 
 One ``RolloutRunner`` (the shared runner core, LIBERO preset) runs every (task, trial) episode over subprocess envs
 with batched inference; ``trial`` k uses init state k of the task, as openpi's LIBERO eval does.
