@@ -115,3 +115,31 @@ def test_one_ppo_iteration_collects_chains_and_updates(pi05):
     assert load_config("debug_train_pi0", ["algo.objective=ppo"], check_paths=False).algo.objective == "ppo"
     with pytest.raises(ValueError, match="algo.objective"):
         load_config("debug_train_pi0", ["algo.objective=grpo"], check_paths=False)
+
+
+def test_trainable_expert_freezes_siglip_and_the_vlm():
+    """algo.trainable=expert: an update with non-zero advantages leaves SigLIP and the VLM bit-identical and moves
+    the action expert and the projections."""
+    from pi0.policies.pi0 import default_norm_stats
+    from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
+    from pi0.ript.init_states import InitStateSampler
+    from pi0.ript.trainer import RIPTTrainer, RLConfig
+    from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=3),
+                            default_norm_stats(8, 7))
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        cfg = RLConfig(objective="ppo", trainable="expert", num_groups=1, group_size=2, dynamic_sampling=False,
+                       eval_every=0, opt=OptimizerConfig(minibatch_size=64, lr=1e-3))
+        tr = RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), cfg)
+        tr.step()
+        before = {k: p.detach().clone() for k, p in pol.model.named_parameters()}
+        a_ep, b_ep = tr.last_collection.groups[0].episodes
+        tr.optimizer.step(tr.adapter.episode_windows(a_ep, 1.0) + tr.adapter.episode_windows(b_ep, -1.0))
+    finally:
+        runner.close()
+    changed = {k for k, p in pol.model.named_parameters() if not torch.equal(before[k], p)}
+    assert changed and all(not k.startswith("paligemma_with_expert.paligemma.") for k in changed)
+    assert any(k.startswith("paligemma_with_expert.gemma_expert.") for k in changed)
+    assert "action_in_proj.weight" in changed

@@ -27,6 +27,9 @@ _FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_tim
                "time_mlp_in.", "time_mlp_out.", "optimality_embedding")
 
 
+TRAINABLE = ("all", "expert")  # PI0Model.set_trainable
+
+
 def _is_fp32_param(name: str) -> bool:
     """True for parameters that stay float32 in bfloat16 mode (pi0.5's adaRMS Dense is a bf16 Dense, not a norm scale)."""
     name = name.removeprefix("model.")
@@ -66,6 +69,16 @@ class PI0Model(nn.Module):
         if cfg.optimality_condition:
             self.optimality_embedding = nn.Parameter(torch.zeros(w))
         self.apply_precision()
+
+    def set_trainable(self, mode: str = "all") -> "PI0Model":
+        """Which parameters train: "all", or "expert" (SigLIP and the VLM frozen, as RLinf's train_expert_only: the
+        prefix then runs without gradient and the action expert, the projections and the time MLP train)."""
+        if mode not in TRAINABLE:
+            raise ValueError(f"trainable must be one of {TRAINABLE}, got {mode!r}")
+        self.requires_grad_(True)
+        if mode == "expert":
+            self.paligemma_with_expert.paligemma.requires_grad_(False)
+        return self
 
     def enable_optimality_condition(self) -> "PI0Model":
         """Add the zero-initialised optimality embedding (W,) (CFG-style RL); outputs are unchanged until trained."""

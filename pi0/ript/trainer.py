@@ -39,6 +39,7 @@ class RLConfig:
     # PPO-clipped (clip) ratios of the recorded step's log-density times the episode's RLOO advantage, opt.epochs
     # passes. Evaluation keeps the deterministic sampler.
     objective: str = "cfg"
+    trainable: str = "all"  # "all" | "expert" (SigLIP and the VLM frozen; PI0Model.set_trainable)
     noise_level: float = 0.5
     clip: float = 0.2
     num_groups: int = 4  # B init states per iteration
@@ -128,6 +129,7 @@ class RIPTTrainer:
             policy.config.cfg_guidance = float(cfg.cfg_guidance)
             self.adapter = PI0_CFG_Adapter(policy, cfg.target, cfg.p_uncond, cfg.advantage_weighting,
                                            cfg.negative_weight)
+        policy.model.set_trainable(cfg.trainable)  # before the optimizer collects the trainable parameters
         self.optimizer = RLOptimizerPI0_CFG(self.adapter, cfg.opt, seed=cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.behavior = policy

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from pi0.errors import UserError, require_path
+from pi0.models.pi0 import TRAINABLE
 from pi0.rollout.config import RunnerConfig
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import TARGETS
 from pi0.ript.trainer import BEHAVIORS, OBJECTIVES, RLConfig
@@ -138,6 +139,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.num_groups": (lambda v: v >= 1, ">= 1"),
     "algo.group_size": (lambda v: v >= 2, ">= 2 (RLOO needs two rollouts per state)"),
     "algo.objective": (lambda v: v in OBJECTIVES, f"one of {OBJECTIVES}"),
+    "algo.trainable": (lambda v: v in TRAINABLE, f"one of {TRAINABLE}"),
     "algo.noise_level": (lambda v: v > 0.0, "> 0 (the Flow-SDE noise level a; RLinf uses 0.3-0.5)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
