@@ -141,7 +141,7 @@ def _match(table: dict[str, tuple], values: tuple) -> str:
     return next((name for name, v in table.items() if tuple(v) == values), "custom")
 
 
-def _gemma_from(flat: Flat, s: str) -> GemmaConfig:
+def gemma_config_from(flat: Flat, s: str) -> GemmaConfig:
     """Gemma sizes from one expert's tensors (suffix s = '' or '_1')."""
     a = "PaliGemma/llm/layers/attn/"
     q = flat[f"{a}q_einsum{s}/w"]  # (L, N, D, H)
@@ -160,23 +160,28 @@ def is_pi05_tree(keys: Any) -> bool:
     return any(k.removeprefix("params/").startswith("time_mlp_in/") for k in keys)
 
 
+def siglip_config_from(flat: Flat) -> SiglipConfig:
+    """SigLIP sizes (and the variant name, when they match one) from the vision tower's tensors."""
+    img = "PaliGemma/img/"
+    kernel = flat[f"{img}embedding/kernel"]  # (p, p, 3, W)
+    patch, width = kernel.shape[0], kernel.shape[3]
+    n_pos = flat[f"{img}pos_embedding"].shape[1]
+    blk = f"{img}Transformer/encoderblock/"
+    depth = flat[f"{blk}LayerNorm_0/scale"].shape[0]
+    mlp = flat[f"{blk}MlpBlock_0/Dense_0/kernel"].shape[-1]
+    heads = flat[f"{blk}MultiHeadDotProductAttention_0/query/kernel"].shape[2]
+    base = _match(SIGLIP_VARIANTS, (width, depth, mlp, heads))
+    return SiglipConfig(width, depth, mlp, heads, patch_size=patch, image_size=int(math.isqrt(n_pos)) * patch,
+                        variant=f"{base}/{patch}" if base != "custom" else "custom")
+
+
 def infer_config(flat: Flat, **overrides: Any) -> Pi0Config:
     """Full Pi0Config from parameter shapes; ``overrides`` win (Pi0Config fields, or variant names
     ``paligemma_variant`` / ``action_expert_variant`` / ``vision_variant``)."""
     try:
-        img = "PaliGemma/img/"
-        kernel = flat[f"{img}embedding/kernel"]  # (p, p, 3, W)
-        patch, width = kernel.shape[0], kernel.shape[3]
-        n_pos = flat[f"{img}pos_embedding"].shape[1]
-        blk = f"{img}Transformer/encoderblock/"
-        depth = flat[f"{blk}LayerNorm_0/scale"].shape[0]
-        mlp = flat[f"{blk}MlpBlock_0/Dense_0/kernel"].shape[-1]
-        heads = flat[f"{blk}MultiHeadDotProductAttention_0/query/kernel"].shape[2]
-        base = _match(SIGLIP_VARIANTS, (width, depth, mlp, heads))
-        vision = SiglipConfig(width, depth, mlp, heads, patch_size=patch, image_size=int(math.isqrt(n_pos)) * patch,
-                              variant=f"{base}/{patch}" if base != "custom" else "custom")
+        vision = siglip_config_from(flat)
         vocab = flat["PaliGemma/llm/embedder/input_embedding"].shape[0]
-        cfg = dict(paligemma=_gemma_from(flat, ""), action_expert=_gemma_from(flat, "_1"), vision=vision,
+        cfg = dict(paligemma=gemma_config_from(flat, ""), action_expert=gemma_config_from(flat, "_1"), vision=vision,
                    vocab_size=vocab, action_dim=flat["action_in_proj/kernel"].shape[0],
                    pi05=is_pi05_tree(flat))
     except KeyError as e:
@@ -196,7 +201,7 @@ def _dense(kernel: np.ndarray) -> np.ndarray:
     return kernel.T
 
 
-def _siglip_rules(cfg: Pi0Config) -> Iterator[tuple[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]]:
+def siglip_rules() -> Iterator[tuple[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]]:
     """(openpi key, fn(array) -> (torch key, array)...) for the vision tower and projector."""
     img, blk, lay = "PaliGemma/img/", "PaliGemma/img/Transformer/encoderblock/", VT + "encoder.layers.{}."
     one = lambda name, f=lambda a: a: lambda a: iter([(name, f(a))])  # noqa: E731
@@ -224,7 +229,7 @@ def _siglip_rules(cfg: Pi0Config) -> Iterator[tuple[str, Callable[[np.ndarray], 
     yield f"{mha}out/bias", per_layer(lay + "self_attn.out_proj.bias")
 
 
-def _gemma_rules(expert: int) -> Iterator[tuple[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]]:
+def gemma_rules(expert: int) -> Iterator[tuple[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]]:
     """Rules for one Gemma expert (0 = VLM, 1 = action expert, whose openpi names end in ``_1``)."""
     s = "" if expert == 0 else "_1"
     pre, llm = GEMMA_PREFIX[expert], "PaliGemma/llm/"
@@ -268,9 +273,9 @@ def _gemma_rules(expert: int) -> Iterator[tuple[str, Callable[[np.ndarray], Iter
 
 def key_rules(cfg: Pi0Config) -> dict[str, Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]]:
     """Every openpi key that pi0 knows -> a function producing (torch key, tensor) pairs."""
-    rules = dict(_siglip_rules(cfg))
-    rules.update(_gemma_rules(0))
-    rules.update(_gemma_rules(1))
+    rules = dict(siglip_rules())
+    rules.update(gemma_rules(0))
+    rules.update(gemma_rules(1))
     for head in HEADS:
         rules[f"{head}/kernel"] = lambda a, h=head: iter([(f"{h}.weight", _dense(a))])
         rules[f"{head}/bias"] = lambda a, h=head: iter([(f"{h}.bias", a)])

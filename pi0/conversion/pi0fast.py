@@ -13,7 +13,6 @@ openpi serves pi0-FAST with decoded token s at position prefill_len + s + 1.
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -21,9 +20,9 @@ import numpy as np
 import torch
 
 from pi0.conversion.openpi_configs import OpenpiConfig, get_openpi_config, names_for
-from pi0.conversion.pi0 import OrbaxParams, find_norm_stats, resolve_delta_action_dims
+from pi0.conversion.pi0 import (OrbaxParams, find_norm_stats, gemma_config_from, gemma_rules, resolve_delta_action_dims,
+                                siglip_config_from, siglip_rules)
 from pi0.errors import MissingPathError, UserError
-from pi0.models.config import GEMMA_VARIANTS, SIGLIP_VARIANTS, GemmaConfig, SiglipConfig
 from pi0.models.pi0fast import PI0FASTModel, Pi0FASTConfig
 from pi0.policies.fast_tokenizer import FASTTokenizer
 from pi0.policies.normalize import load_norm_stats
@@ -35,9 +34,8 @@ log = logging.getLogger(__name__)
 
 Flat = dict[str, np.ndarray]
 Rule = Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]
-IMG, LLM = "PaliGemma/img/", "PaliGemma/llm/"
-VT = "paligemma.vision_tower.vision_model."
-LM = "paligemma.language_model.model."
+LLM = "PaliGemma/llm/"
+PI0_PREFIX = "paligemma_with_expert."  # pi0's torch keys start with it; PI0FASTModel's do not
 
 
 def is_pi0fast_tree(keys: Any) -> bool:
@@ -48,93 +46,24 @@ def is_pi0fast_tree(keys: Any) -> bool:
     return has_llm and not has_expert
 
 
-def _variant(table: dict[str, tuple], sizes: tuple) -> str:
-    """Name of the variant with exactly these sizes, else 'custom'."""
-    return next((n for n, v in table.items() if tuple(v) == sizes), "custom")
-
-
-def infer_fast_config(flat: Flat, **overrides: Any):
-    """Pi0FASTConfig from parameter shapes; ``overrides`` (Pi0FASTConfig fields) win."""
-
+def infer_fast_config(flat: Flat, **overrides: Any) -> Pi0FASTConfig:
+    """Pi0FASTConfig from parameter shapes (the SigLIP and VLM-Gemma inference of pi0's converter); ``overrides``
+    (Pi0FASTConfig fields) win."""
     try:
-        kernel = flat[f"{IMG}embedding/kernel"]  # (p, p, 3, W)
-        patch, width = kernel.shape[0], kernel.shape[3]
-        blk = f"{IMG}Transformer/encoderblock/"
-        v_sizes = (width, flat[f"{blk}LayerNorm_0/scale"].shape[0], flat[f"{blk}MlpBlock_0/Dense_0/kernel"].shape[-1],
-                   flat[f"{blk}MultiHeadDotProductAttention_0/query/kernel"].shape[2])
-        base = _variant(SIGLIP_VARIANTS, v_sizes)
-        vision = SiglipConfig(*v_sizes, patch_size=patch,
-                              image_size=math.isqrt(flat[f"{IMG}pos_embedding"].shape[1]) * patch,
-                              variant=f"{base}/{patch}" if base != "custom" else "custom")
-        q = flat[f"{LLM}layers/attn/q_einsum/w"]  # (L, N, D, H)
-        kv = flat.get(f"{LLM}layers/attn/kv_einsum/w")
-        depth, heads, d, head_dim = q.shape
-        g_sizes = (d, depth, flat[f"{LLM}layers/mlp/gating_einsum"].shape[-1], heads,
-                   kv.shape[2] if kv is not None else heads, head_dim)
-        gemma = GemmaConfig(*g_sizes, variant=_variant(GEMMA_VARIANTS, g_sizes))
-        vocab = flat[f"{LLM}embedder/input_embedding"].shape[0]
+        cfg = dict(paligemma=gemma_config_from(flat, ""), vision=siglip_config_from(flat),
+                   vocab_size=flat[f"{LLM}embedder/input_embedding"].shape[0])
     except KeyError as e:
         raise ValueError(f"not a pi0-FAST checkpoint: missing parameter {e.args[0]!r}") from e
-    return Pi0FASTConfig(**{**dict(paligemma=gemma, vision=vision, vocab_size=vocab), **overrides})
+    return Pi0FASTConfig(**{**cfg, **overrides})
 
 
 def _rules() -> dict[str, Rule]:
-    """openpi key -> fn(array) yielding (torch key, array) pairs."""
-    blk, lay, gl = f"{IMG}Transformer/encoderblock/", VT + "encoder.layers.{}.", LM + "layers.{}."
-    one = lambda name, f=lambda a: a: lambda a: iter([(name, f(a))])  # noqa: E731
-    each = lambda name, f=lambda a: a, fmt=lay: (  # noqa: E731 - one torch key per scanned layer
-        lambda a: ((fmt.format(i) + name, f(x)) for i, x in enumerate(a)))
-    r: dict[str, Rule] = {
-        f"{IMG}embedding/kernel": one(VT + "embeddings.patch_embedding.weight", lambda a: a.transpose(3, 2, 0, 1)),
-        f"{IMG}embedding/bias": one(VT + "embeddings.patch_embedding.bias"),
-        f"{IMG}pos_embedding": one(VT + "embeddings.position_embedding.weight", lambda a: a[0]),
-        f"{IMG}Transformer/encoder_norm/scale": one(VT + "post_layernorm.weight"),
-        f"{IMG}Transformer/encoder_norm/bias": one(VT + "post_layernorm.bias"),
-        f"{IMG}head/kernel": one("paligemma.multi_modal_projector.linear.weight", lambda a: a.T),
-        f"{IMG}head/bias": one("paligemma.multi_modal_projector.linear.bias"),
-        f"{LLM}embedder/input_embedding": one(LM + "embed_tokens.weight"),
-        f"{LLM}final_norm/scale": one(LM + "norm.weight"),
-        f"{LLM}layers/pre_attention_norm/scale": each("input_layernorm.weight", fmt=gl),
-        f"{LLM}layers/pre_ffw_norm/scale": each("post_attention_layernorm.weight", fmt=gl),
-        # (N, D, H) -> (N*H, D)
-        f"{LLM}layers/attn/q_einsum/w": each("self_attn.q_proj.weight",
-                                             lambda w: w.transpose(0, 2, 1).reshape(-1, w.shape[1]), gl),
-        # (N, H, D) -> (D, N*H)
-        f"{LLM}layers/attn/attn_vec_einsum/w": each("self_attn.o_proj.weight",
-                                                    lambda w: w.reshape(-1, w.shape[-1]).T, gl),
-        f"{LLM}layers/mlp/linear": each("mlp.down_proj.weight", lambda w: w.T, gl),
-    }
-    for flax, ours in (("LayerNorm_0", "layer_norm1"), ("LayerNorm_1", "layer_norm2")):
-        r[f"{blk}{flax}/scale"], r[f"{blk}{flax}/bias"] = each(ours + ".weight"), each(ours + ".bias")
-    for flax, ours in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-        r[f"{blk}MlpBlock_0/{flax}/kernel"] = each(f"mlp.{ours}.weight", lambda a: a.T)
-        r[f"{blk}MlpBlock_0/{flax}/bias"] = each(f"mlp.{ours}.bias")
-    mha = f"{blk}MultiHeadDotProductAttention_0/"
-    for flax, ours in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-        r[f"{mha}{flax}/kernel"] = each(f"self_attn.{ours}.weight", lambda a: a.reshape(a.shape[0], -1).T)  # (W,N,H)
-        r[f"{mha}{flax}/bias"] = each(f"self_attn.{ours}.bias", lambda a: a.reshape(-1))
-    r[f"{mha}out/kernel"] = each("self_attn.out_proj.weight", lambda a: a.reshape(-1, a.shape[-1]).T)  # (N,H,W)
-    r[f"{mha}out/bias"] = each("self_attn.out_proj.bias")
+    """openpi key -> fn(array) yielding (torch key, array) pairs: pi0's SigLIP and VLM-Gemma rules, with pi0's
+    ``paligemma_with_expert.`` prefix dropped (``PI0FASTModel`` holds the PaliGemma alone)."""
+    def strip(fn: Rule) -> Rule:
+        return lambda a: ((k.removeprefix(PI0_PREFIX), t) for k, t in fn(a))
 
-    def kv(a: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:  # (L, 2, K, D, H) -> k, v (K*H, D) per layer
-        for i, w in enumerate(a):
-            for j, n in enumerate("kv"):
-                yield gl.format(i) + f"self_attn.{n}_proj.weight", w[j].transpose(0, 2, 1).reshape(-1, w.shape[2])
-
-    def qkv(a: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:  # (L, 3, N, D, H) when num_kv_heads == num_heads
-        for i, w in enumerate(a):
-            for j, n in enumerate("qkv"):
-                yield gl.format(i) + f"self_attn.{n}_proj.weight", w[j].transpose(0, 2, 1).reshape(-1, w.shape[2])
-
-    def gating(a: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:  # (L, 2, D, F) -> gate, up (F, D)
-        for i, w in enumerate(a):
-            yield gl.format(i) + "mlp.gate_proj.weight", w[0].T
-            yield gl.format(i) + "mlp.up_proj.weight", w[1].T
-
-    r[f"{LLM}layers/attn/kv_einsum/w"] = kv
-    r[f"{LLM}layers/attn/qkv_einsum/w"] = qkv
-    r[f"{LLM}layers/mlp/gating_einsum"] = gating
-    return r
+    return {key: strip(fn) for key, fn in (*siglip_rules(), *gemma_rules(0))}
 
 
 def convert_fast_params(flat: Flat, expected: dict[str, tuple[int, ...]] | None = None) -> Flat:

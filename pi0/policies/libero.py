@@ -87,6 +87,15 @@ def predict_libero_action_chunk(policy: Any, env_obs: Mapping[str, Any], prompt:
     return (actions, info) if return_info else actions
 
 
+def window_extras(arrays: Mapping[str, np.ndarray], state: torch.Tensor, tokens: torch.Tensor,
+                  token_mask: torch.Tensor) -> dict[str, np.ndarray]:
+    """What an RL window needs of a decision without re-rendering: the client images and raw state (B,...),
+    the model-space state (B,S), the tokenized prompt and its mask (B,L)."""
+    return {"image": arrays["image"], "wrist_image": arrays["wrist_image"], "state_raw": arrays["state"],
+            "state": state.cpu().numpy(), "tokenized_prompt": tokens.cpu().numpy(),
+            "tokenized_prompt_mask": token_mask.cpu().numpy()}
+
+
 class Pi0ChunkPolicy:
     """Batched ``ChunkPolicy`` over any policy (pi0 or pi0-FAST) for LIBERO-format envs (LIBERO and the arena).
 
@@ -102,16 +111,13 @@ class Pi0ChunkPolicy:
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
         """n raw observations -> PolicyOutput(actions (n, H, 7) float64, extras)."""
         observation, arrays = construct_libero_observation(obs, prompts, self.policy)
-        extras: dict[str, Any] = {"image": arrays["image"], "wrist_image": arrays["wrist_image"],
-                                  "state_raw": arrays["state"]}
         if model_type_of_policy(self.policy) == "pi0fast":
             out = self.policy.predict_action_chunk_with_info(observation, generator=self.generator)
-            extras.update(output_tokens=out["output_tokens"].cpu().numpy(), ok=out["ok"])
+            own = {"output_tokens": out["output_tokens"].cpu().numpy(), "ok": out["ok"]}
         else:
             cfg = self.policy.config.model
             noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator)
             out = self.policy.predict_action_chunk_with_info(observation, noise)
-            extras.update(model_actions=out["model_actions"].cpu().numpy(), noise=out["noise"].cpu().numpy())
-        extras.update(state=out["state"].cpu().numpy(), tokenized_prompt=out["lang_tokens"].cpu().numpy(),
-                      tokenized_prompt_mask=out["lang_masks"].cpu().numpy())
+            own = {"model_actions": out["model_actions"].cpu().numpy(), "noise": out["noise"].cpu().numpy()}
+        extras = {**window_extras(arrays, out["state"], out["lang_tokens"], out["lang_masks"]), **own}
         return PolicyOutput(actions=out["actions_f64"].numpy(), extras=extras)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from pi0.models.flow_sde import masked_sum
-from pi0.policies.libero import construct_libero_observation
+from pi0.policies.libero import construct_libero_observation, window_extras
 from pi0.rollout import Episode
 from pi0.rollout.types import PolicyOutput
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
@@ -58,10 +58,9 @@ class SDEChunkPolicy:
                                            inp["state"], noise, pol.config.num_steps, self.noise_level,
                                            generator=self.generator)
         actions = pol.postprocess_actions(rec["actions"], inp["state"])
-        extras = {"image": arrays["image"], "wrist_image": arrays["wrist_image"], "state_raw": arrays["state"],
-                  "state": inp["state"].cpu().numpy(), "tokenized_prompt": inp["lang_tokens"].cpu().numpy(),
-                  "tokenized_prompt_mask": inp["lang_masks"].cpu().numpy(), "chain": rec["chain"].cpu().numpy(),
-                  "sde_step": np.full(len(obs), rec["sde_step"]), "log_prob": rec["log_prob"].cpu().numpy()}
+        extras = {**window_extras(arrays, inp["state"], inp["lang_tokens"], inp["lang_masks"]),
+                  "chain": rec["chain"].cpu().numpy(), "sde_step": np.full(len(obs), rec["sde_step"]),
+                  "log_prob": rec["log_prob"].cpu().numpy()}
         return PolicyOutput(actions=actions.numpy(), extras=extras)
 
 
