@@ -16,6 +16,12 @@ from pi0.models.config import GemmaConfig
 RMS_NORM_EPS = 1e-6
 
 
+def rms_normalize(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> x * rsqrt(mean(x^2) + eps) in float32 (the part of openpi's RMSNorm before the scale)."""
+    xf = x.to(torch.float32)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
+
+
 class RMSNorm(nn.Module):
     """as in openpi gemma.py RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + scale), in float32."""
 
@@ -25,9 +31,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D) in x's dtype."""
-        xf = x.to(torch.float32)
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
-        return (normed * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
+        return (rms_normalize(x) * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
 
 
 class AdaRMSNorm(nn.Module):
@@ -43,11 +47,9 @@ class AdaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D), cond (B, C) -> (normed (B, T, D) in x's dtype, gate (B, 1, D))."""
-        xf = x.to(torch.float32)
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
         w, b = self.dense.weight.to(x.dtype), self.dense.bias.to(x.dtype)
         scale, shift, gate = F.linear(cond.to(x.dtype), w, b)[:, None].chunk(3, dim=-1)  # 3 x (B, 1, D)
-        return (normed * (1 + scale) + shift).to(x.dtype), gate
+        return (rms_normalize(x) * (1 + scale) + shift).to(x.dtype), gate
 
 
 def apply_norm(norm: nn.Module, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -76,5 +76,5 @@ class PolicyIO:
             mask = torch.as_tensor(given_masks.get(key, key in imgs), dtype=torch.bool).to(device)
             if mask.ndim > 1 or mask.numel() not in (1, b):
                 raise ValueError(f"image_mask['{key}'] must be a bool or (B,) bools with B={b}, got {tuple(mask.shape)}")
-            masks.append(mask.expand(b).clone() if mask.ndim == 1 else mask.repeat(b))
+            masks.append(mask.expand(b).clone())  # a bool or (1,) broadcasts to (B,)
         return images, masks, state, prompts
