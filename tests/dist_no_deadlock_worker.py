@@ -9,9 +9,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter
-from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
-from pi0.ript.utils.dist_utils import DistributedRLOptimizer, cleanup_distributed, setup_distributed
+from pi0.ript.objectives import FlowMatchingObjective
+from pi0.ript.update import OptimizerConfig, PolicyUpdate
+from pi0.ript.utils.dist_utils import cleanup_distributed, setup_distributed
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, collect_expert_demos, demo_norm_stats, tiny_arena_policy
 
 info = setup_distributed("gloo", "cpu", timeout_s=60)
@@ -21,10 +21,10 @@ runner = arena_runner(2, cfg.n_action_steps, max_steps=10)
 demos = collect_expert_demos(runner, [(4, 0), (4, 1)], cfg.action_horizon)
 runner.close()
 policy = tiny_arena_policy(cfg, demo_norm_stats(demos))
-adapter = PI0_CFG_Adapter(policy, target="executed")
+adapter = FlowMatchingObjective(policy)
 windows = [w for e, c in demos for w in adapter.demo_windows(e, c)] if info.rank == 0 else []
-opt = DistributedRLOptimizer(adapter, OptimizerConfig(epochs=2, minibatch_size=2), info=info)
-st = opt.step(windows, use_condition=False)
+opt = PolicyUpdate(adapter, OptimizerConfig(epochs=2, minibatch_size=2), info=info)
+st = opt.step(windows)
 flat = torch.cat([p.detach().reshape(-1) for p in policy.model.parameters()])
 ref = flat.clone()
 dist.broadcast(ref, 0)

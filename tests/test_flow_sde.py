@@ -10,7 +10,7 @@ import torch
 
 from pi0.models.flow_sde import gaussian_log_prob, masked_sum, sde_step_moments, sde_times
 from pi0.policies.presets import synthetic_observation, tiny_policy
-from pi0.ript.algos.ppo import clipped_surrogate
+from pi0.ript.objectives import clipped_surrogate
 
 
 def test_sde_times():

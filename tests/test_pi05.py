@@ -215,7 +215,7 @@ def test_stage1_server_and_one_rl_iteration_take_pi05(policy_dir, pref, tmp_path
     runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
     assert isinstance(runner.config, RunnerConfig)
     try:
-        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0,
+        cfg = RLConfig(objective="cfg", num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0,
                        opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
         tr = RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), cfg)
         before = {k: p.detach().clone() for k, p in pol.model.named_parameters()}

@@ -1,8 +1,8 @@
-"""RIPT-CFG core: RLOO, labels, guidance, windows, bounded collection, condition, updates (hand-checked)."""
+"""RIPT core: RLOO, labels, guidance, windows and the action convention, bounded collection, the CFG objective,
+updates, the converged warm start and RFT (hand-checked)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -15,7 +15,8 @@ from pi0.rollout import ArenaExpertPolicy, DecisionPoint, Episode
 from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import (PI0_CFG_Adapter, cfg_condition_inputs,
                                                             env_to_model_actions, masked_flow_loss)
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
-from pi0.ript.algos.rl_optimizers.rollout_generator import RolloutGenerator
+from pi0.ript.collection import RolloutGenerator
+from pi0.ript.objectives import CFGObjective, FlowMatchingObjective, action_target
 from pi0.ript.algos.rloo import informative_groups, optimality_labels, rloo_advantages
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.reward_function import BinarySuccessReward
@@ -164,30 +165,47 @@ def _episode(n_dec: int = 2, valid_last: int = 1) -> Episode:
 
 
 def test_windows_use_each_decision_points_own_observation(arena_policy):
-    ad = PI0_CFG_Adapter(arena_policy, target="model_actions")
+    ad = PI0_CFG_Adapter(arena_policy)
     ws = ad.episode_windows(_episode(3), advantage=0.5)
     assert [int(w["image"][0, 0, 0]) for w in ws] == [0, 10, 20]
     assert [float(w["state"][0]) for w in ws] == [0.0, 1.0, 2.0]
     assert [float(w["actions"][0, 0]) for w in ws] == [100.0, 101.0, 102.0]
-    assert ws[0]["action_mask"].sum(0).tolist() == [4.0] * 7 + [0.0] * 25  # env dims only, whole horizon
+    # openpi's convention: every row, ALL 32 dims in the loss; the padded dims' target is 0, not the sampled value
+    assert ws[0]["action_mask"].sum(0).tolist() == [4.0] * 32
+    assert np.all(ws[0]["actions"][:, 7:] == 0) and np.all(ws[0]["actions"][:, :7] == 100.0)
     assert all(w["label"] == 1.0 for w in ws) and ad.episode_windows(_episode(), 0.0)[0]["label"] == 0.0
+    assert ws[1]["advantage"] == 0.5
 
 
-def test_executed_target_is_padded_and_masked(arena_policy):
-    ad = PI0_CFG_Adapter(arena_policy, target="executed")
-    ws = ad.episode_windows(_episode(2, valid_last=1), advantage=-1.0)
-    w = ws[1]  # last decision: 1 executed action of 2, horizon 4
-    assert w["action_mask"][:, :7].sum(1).tolist() == [7, 0, 0, 0]
-    assert w["action_mask"][:, 7:].sum() == 0
-    np.testing.assert_allclose(w["actions"][0, :7], np.arange(1, 8) * 2.0, rtol=1e-5)  # identity stats (+eps), no deltas
-    assert np.all(w["actions"][1:] == 0)
+def test_action_target_zero_pads_and_masks_all_dims():
+    chunk = np.arange(12, dtype=np.float32).reshape(3, 4)  # H=3 rows, A=4 model dims, 2 env dims
+    tgt, mask = action_target(chunk, 2, np.array([True, True, False]))
+    np.testing.assert_array_equal(tgt, [[0, 1, 0, 0], [4, 5, 0, 0], [8, 9, 0, 0]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]])
+    assert action_target(chunk, 4)[1].sum() == 12  # no row mask: every row
+
+
+def test_demo_windows_train_every_dim_of_the_valid_rows(arena_policy):
+    from pi0.envs.arena import ArenaExpert, ArenaState
+    from pi0.ript.warm_start import arena_expert_demos, demo_windows
+
+    demos = arena_expert_demos([(4, 0)], horizon=4, replan_steps=2, resolution=28)
+    ws = demo_windows(arena_policy, demos)
+    ep, chunks = demos[0]
+    assert len(ws) == len(ep.decisions) == len(chunks)
+    assert ws[0]["action_mask"].sum() == 4 * 32 and ws[0]["label"] == 0.0 and ws[0]["success"] == 1.0
+    assert np.all(ws[0]["actions"][:, 7:] == 0)
+    np.testing.assert_allclose(ws[0]["actions"][:, :7],
+                               env_to_model_actions(arena_policy, chunks[0], ws[0]["state"])[:, :7], rtol=1e-6)
+    ref = ArenaExpert().predict_chunk(ArenaState.from_vector(ep.decisions[0].obs["arena_state"]), 4)
+    np.testing.assert_allclose(chunks[0], ref)
     np.testing.assert_allclose(env_to_model_actions(arena_policy, np.ones((1, 7)), np.zeros(32))[0, :8],
-                               [1, 1, 1, 1, 1, 1, 1, 0], rtol=1e-5)
+                               [1, 1, 1, 1, 1, 1, 1, 0], rtol=1e-5)  # identity stats (+eps), no deltas, 0-padded
 
 
 # ----------------------------------------------------------------------------- updates
 def test_nan_loss_is_skipped_and_reported(arena_policy):
-    ad = PI0_CFG_Adapter(arena_policy, target="model_actions")
+    ad = PI0_CFG_Adapter(arena_policy)
     ws = ad.episode_windows(_episode(2), advantage=1.0)
     for w in ws:
         w["actions"] = np.full_like(w["actions"], np.nan)
@@ -200,12 +218,33 @@ def test_nan_loss_is_skipped_and_reported(arena_policy):
 
 def test_positive_windows_train_the_condition(arena_policy):
     enable_optimality_condition(arena_policy)
-    ad = PI0_CFG_Adapter(arena_policy, target="model_actions", p_uncond=0.0)
+    ad = PI0_CFG_Adapter(arena_policy, p_uncond=0.0)
     emb = arena_policy.model.optimality_embedding.detach().clone()
     opt = RLOptimizerPI0_CFG(ad, OptimizerConfig(minibatch_size=4, lr=1e-2))
     st = opt.step(ad.episode_windows(_episode(2), advantage=1.0))
     assert st["steps"] == 1 and st["frac_cond"] == 1.0 and "loss_cond" in st
     assert not torch.equal(arena_policy.model.optimality_embedding, emb)
+
+
+def test_cfg_negatives_train_the_reference_at_full_weight(arena_policy):
+    """CFGRL: a window with A <= 0 trains the unconditioned branch with the plain flow loss (weight 1), so the
+    reference models all the behaviour data, failures included; positives at p_uncond=1 do the same."""
+    enable_optimality_condition(arena_policy)
+    ad = CFGObjective(arena_policy, p_uncond=0.0)
+    neg = ad.collate(ad.episode_windows(_episode(2), advantage=-0.5))
+    pos_dropped = CFGObjective(arena_policy, p_uncond=1.0)
+    pos = ad.collate(ad.episode_windows(_episode(2), advantage=0.5))
+    plain = FlowMatchingObjective(arena_policy)
+    g = torch.Generator().manual_seed(0)
+    torch.rand(len(neg["label"]), generator=g)  # the condition-dropout draw the CFG loss makes first
+    ref, _ = plain.loss(neg, g)
+    got, st = ad.loss(neg, torch.Generator().manual_seed(0))
+    assert st["frac_cond"] == 0.0 and float(got.detach()) > 0
+    torch.testing.assert_close(got, ref)
+    _, st_pos = pos_dropped.loss(pos, torch.Generator().manual_seed(0))
+    assert st_pos["frac_cond"] == 0.0 and "loss_uncond" in st_pos
+    _, st_c = ad.loss(pos, torch.Generator().manual_seed(0))
+    assert st_c["frac_cond"] == 1.0 and "loss_cond" in st_c
 
 
 def test_split_states_train_and_held_out_are_disjoint():
@@ -237,7 +276,7 @@ def test_bounded_collection_when_everything_succeeds():
 def test_one_rl_iteration_changes_parameters(arena_policy):
     runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
     try:
-        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=1,
+        cfg = RLConfig(objective="cfg", num_groups=1, group_size=2, dynamic_sampling=False, eval_every=1,
                        opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
         tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg, eval_states=[(0, 1)])
         before = [p.detach().clone() for p in arena_policy.model.parameters()]
@@ -246,17 +285,6 @@ def test_one_rl_iteration_changes_parameters(arena_policy):
         assert any(not torch.equal(a, b) for a, b in zip(before, arena_policy.model.parameters()))
     finally:
         runner.close()
-
-
-def test_negative_weight_scales_non_positive_windows(arena_policy):
-    enable_optimality_condition(arena_policy)
-    ws = PI0_CFG_Adapter(arena_policy).episode_windows(_episode(2), advantage=-0.5)
-    batch = PI0_CFG_Adapter(arena_policy).collate(ws)
-    full, _ = PI0_CFG_Adapter(arena_policy, negative_weight=1.0).loss(batch, torch.Generator().manual_seed(0))
-    zero, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.0).loss(batch, torch.Generator().manual_seed(0))
-    half, _ = PI0_CFG_Adapter(arena_policy, negative_weight=0.5).loss(batch, torch.Generator().manual_seed(0))
-    assert float(full.detach()) > 0 and float(zero.detach()) == 0.0
-    torch.testing.assert_close(half, full / 2)
 
 
 def test_noisy_demos_execute_noise_but_keep_clean_expert_labels():
@@ -301,153 +329,48 @@ def test_scratch_init_norms_identity_and_lecun_weights():
         PI0Policy.random_init(pol.config, pol.norm_stats, pol.tokenizer, init="xavier")
 
 
-def test_coupled_noise_trains_on_the_samplers_own_noise(arena_policy):
-    ws = PI0_CFG_Adapter(arena_policy, coupled_noise=True).episode_windows(_episode(2), advantage=0.0)
-    assert all(w["noise"] is not None for w in ws)
-    losses = {}
-    for coupled in (True, False):
-        ad = PI0_CFG_Adapter(arena_policy, coupled_noise=coupled)
-        batch = ad.collate(ad.episode_windows(_episode(2), advantage=0.0))
-        assert bool(batch["has_noise"].all()) == coupled
-        losses[coupled] = [float(ad.loss(batch, torch.Generator().manual_seed(s), use_condition=False)[0].detach())
-                           for s in (0, 1)]
-    ad = PI0_CFG_Adapter(arena_policy, coupled_noise=True)
-    b = ad.collate(ws)
-    assert torch.count_nonzero(b["noise"]) == 0  # the episode's stored noise is zeros
-    assert losses[True] != losses[False]
-    demo = ad.collate([dict(ws[0], noise=None)])
-    assert not bool(demo["has_noise"].any())  # windows without noise (demos) get fresh noise
-
-
-def test_anchor_windows_join_each_update(arena_policy):
-    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
-    try:
-        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, anchor_ratio=0.5,
-                       opt=OptimizerConfig(minibatch_size=64, lr=1e-3))
-        anchors = [dict(w, demo=1.0) for w in PI0_CFG_Adapter(arena_policy).episode_windows(_episode(2), 0.0)]
-        with pytest.raises(ValueError, match="anchor_windows"):
-            RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
-        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg, anchor_windows=anchors)
-        st = tr.step()
-        assert st["train/anchor_windows"] == 3 and st["train/windows"] == 9  # 6 RL windows + round(0.5 x 6)
-        assert all(w["label"] == 1.0 for w in tr.anchor_windows)  # expert demos join as successes
-        assert st["train/frac_positive"] >= 3 / 9
-        # mixed-quality demos (aim_error): a failed demo joins as a negative (it trains the reference branch only)
-        mixed = [dict(w, success=float(i % 2)) for i, w in enumerate(anchors)]
-        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg, anchor_windows=mixed)
-        assert [(w["label"], w["advantage"]) for w in tr.anchor_windows] == [(float(i % 2),) * 2 for i in range(len(mixed))]
-        # the anchor-only ablation: same anchor size, rollout windows left out of the update
-        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}),
-                         dataclasses.replace(cfg, train_on_rollouts=False), anchor_windows=anchors)
-        st = tr.step()
-        assert st["train/anchor_windows"] == 3 and st["train/windows"] == 3 and st["train/frac_positive"] == 1.0
-    finally:
-        runner.close()
-
-
-def test_warm_start_stops_at_the_validation_target(tmp_path):
-    import json
-
-    from pi0.ript.warm_start import WarmStop, cached_warm_start
+def test_sft_to_plateau_stops_after_patience_and_keeps_the_best_weights(tmp_path):
+    from pi0.ript.warm_start import Plateau, cached_warm_start, sft_to_plateau
     cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
-    stop = WarmStop(success=0.0, val_states=[(4, 7)], every=2)  # 0.0 is reached at the first check
-    pol, windows, root = cached_warm_start(cfg, [(4, 0)], 10, OptimizerConfig(lr=1e-3, minibatch_size=8),
-                                           cache_dir=tmp_path, resolution=32, stop=stop)
+    pol = tiny_arena_policy(cfg, default_norm_stats(8, 7))
+    from pi0.ript.warm_start import arena_expert_demos, demo_windows
+    windows = demo_windows(pol, arena_expert_demos([(4, 0)], 4, 2, resolution=32))
+    runner = arena_runner(2, replan_steps=2, resolution=32, max_steps=4)
+    snaps = []
+    orig = pol.model.state_dict
+    try:
+        import pi0.ript.warm_start as ws
+
+        real_eval = ws.evaluate
+        vals = iter([0.2, 0.5, 0.4, 0.5, 0.1, 0.9])  # best 0.5 at check 2; checks 3-5 do not beat it (patience 3)
+
+        def fake_eval(*a, **k):  # the scripted validation curve; the weights at each check are recorded
+            snaps.append({k: v.clone() for k, v in orig().items()})
+            return next(vals)
+        ws.evaluate = fake_eval
+        curve = sft_to_plateau(pol, windows, OptimizerConfig(lr=1e-2, minibatch_size=8), 100,
+                               Plateau([(4, 9)], every=2, patience=3), runner, log=False)
+    finally:
+        ws.evaluate = real_eval
+        runner.close()
+    assert [c["steps"] for c in curve] == [2, 4, 6, 8, 10] and [c["val_success"] for c in curve][:2] == [0.2, 0.5]
+    for k, v in pol.model.state_dict().items():  # the best check's weights (the 2nd), not the last
+        assert torch.equal(v, snaps[1][k]), k
+    assert any(not torch.equal(snaps[1][k], snaps[-1][k]) for k in snaps[1])
+    # cached by config hash: the record holds the curve, the steps of the best check and the plateau
+    stop = Plateau([(4, 7)], every=2, patience=1)
+    pol2, windows2, root = cached_warm_start(cfg, [(4, 0)], 10, OptimizerConfig(lr=1e-3, minibatch_size=8),
+                                             cache_dir=tmp_path, resolution=32, stop=stop)
     rec = json.loads((root / "warm_start.json").read_text())
-    assert [c["steps"] for c in rec["curve"]] == [2] and rec["sft_steps_max"] == 10 and len(windows) > 0
-    assert (root / "model.safetensors").is_file() and root.parent == tmp_path / "ript_warm_start"
+    assert [c["steps"] for c in rec["curve"]] == [2, 4] and rec["steps"] == 2 and rec["plateau"] == 0.0
+    assert (root / "model.safetensors").is_file() and root.parent == tmp_path / "ript_warm_start" and windows2
 
 
-def test_negative_weight_spares_demo_anchor_windows(arena_policy):
-    enable_optimality_condition(arena_policy)
-    ad = PI0_CFG_Adapter(arena_policy, negative_weight=0.0)
-    neg = ad.episode_windows(_episode(2), advantage=-0.5)
-    demo = [dict(w, demo=1.0) for w in neg]  # same inputs, flagged as expert demos (label 0, like demo_windows)
-    zero, _ = ad.loss(ad.collate(neg), torch.Generator().manual_seed(0))
-    kept, _ = ad.loss(ad.collate(demo), torch.Generator().manual_seed(0))
-    full, _ = PI0_CFG_Adapter(arena_policy, negative_weight=1.0).loss(ad.collate(neg), torch.Generator().manual_seed(0))
-    assert float(zero.detach()) == 0.0
-    torch.testing.assert_close(kept, full)  # a demo window trains the unconditioned branch at full weight
+def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
+    from pi0.ript.collection import Collection, Group
+    from pi0.ript.warm_start import success_windows
 
-
-def test_frozen_behavior_collects_with_a_snapshot_refreshed_on_schedule(arena_policy):
-    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
-    try:
-        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, behavior="frozen",
-                       behavior_refresh=2, opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
-        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
-        snap = tr.behavior
-        assert snap is not arena_policy and tr.rollouts.policy.policy is snap  # rollouts come from the snapshot
-        assert not any(p.requires_grad for p in snap.model.parameters())
-        start = {k: v.clone() for k, v in snap.model.state_dict().items()}
-        tr.step()  # iteration 1: the policy moves, the snapshot does not
-        moved = [k for k, v in arena_policy.model.state_dict().items() if not torch.equal(v, start[k])]
-        assert moved and all(torch.equal(snap.model.state_dict()[k], start[k]) for k in start)
-        tr.step()  # iteration 2 = behavior_refresh: the snapshot takes the trained weights
-        for k, v in arena_policy.model.state_dict().items():
-            assert torch.equal(snap.model.state_dict()[k], v), k
-    finally:
-        runner.close()
-
-
-def test_refresh_gate_copies_the_trained_weights_only_when_they_win(arena_policy):
-    """RLConfig.refresh_gate: a refresh is a paired test on training states, decided on the rank-summed counts."""
-    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
-    try:
-        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, behavior="frozen",
-                       behavior_refresh=1, refresh_gate=3, opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
-        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0, 1, 2, 3]}), cfg)
-        snap = tr.behavior
-        start = {k: v.clone() for k, v in snap.model.state_dict().items()}
-        # same weights, same states, same flow noise: a tie, and a tie keeps the snapshot
-        g = tr.gate_refresh()
-        assert g["behavior/candidate_success"] == g["behavior/snapshot_success"] and g["behavior/refreshed"] == 0.0
-        # other ranks (the all-reduce hook) report that the snapshot won: the trained weights are not taken
-        tr.stats_sum = lambda d: {**d, "snapshot": d["snapshot"] + 5.0, "n": d["n"] + 5.0}
-        st = tr.step()
-        assert st["behavior/refreshed"] == 0.0 and st["behavior/snapshot_success"] > st["behavior/candidate_success"]
-        assert all(torch.equal(snap.model.state_dict()[k], start[k]) for k in start)
-        assert any(not torch.equal(v, start[k]) for k, v in arena_policy.model.state_dict().items())
-        # ... that the trained policy won: the snapshot takes its weights
-        tr.stats_sum = lambda d: {**d, "candidate": d["candidate"] + 5.0, "n": d["n"] + 5.0}
-        st = tr.step()
-        assert st["behavior/refreshed"] == 1.0 and st["behavior/candidate_success"] >= 5 / 8
-        for k, v in arena_policy.model.state_dict().items():
-            assert torch.equal(snap.model.state_dict()[k], v), k
-    finally:
-        runner.close()
-
-
-def test_window_replay_is_a_fifo_sampled_without_replacement():
-    from pi0.ript.replay import WindowReplay
-
-    buf = WindowReplay(capacity=3, seed=0)
-    buf.add([{"id": 0}, {"id": 1}])
-    buf.add([{"id": 2}, {"id": 3}])  # id 0 falls out
-    assert [w["id"] for w in buf.items] == [1, 2, 3] and len(buf) == 3
-    assert sorted(w["id"] for w in buf.sample(3)) == [1, 2, 3]  # all of them, each once
-    assert len(buf.sample(2)) == 2 and buf.sample(0) == []
-    twin = WindowReplay(capacity=3, seed=5)
-    twin.load_state_dict(buf.state_dict())
-    assert [w["id"] for w in twin.sample(3)] == [w["id"] for w in buf.sample(3)]  # same RNG position
-    with pytest.raises(ValueError, match="capacity"):
-        WindowReplay(0)
-
-
-def test_replay_feeds_updates_from_past_iterations_and_weightless_windows_are_dropped(arena_policy):
-    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
-    try:
-        # negative_weight 0: windows with A <= 0 add nothing to the loss, so they are not trained on at all
-        cfg = RLConfig(num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0, negative_weight=0.0,
-                       opt=OptimizerConfig(minibatch_size=8, lr=1e-3))
-        st = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg).step()
-        assert st["rollout/success_rate"] == 0.0 and st["train/windows"] == 0  # a random policy: all A = 0
-        cfg = dataclasses.replace(cfg, negative_weight=1.0, replay_windows=10, replay_sample=8)
-        tr = RIPTTrainer(arena_policy, runner, InitStateSampler({0: [0]}), cfg)
-        st = tr.step()  # 6 fresh windows (2 episodes x 3 decisions): the buffer holds 6, the update trains on 6
-        assert len(tr.replay) == 6 and st["train/windows"] == 6
-        st = tr.step()  # 6 more: the buffer keeps the newest 10, the update draws 8 of them
-        assert len(tr.replay) == 10 and st["train/windows"] == 8
-        assert {w["step"] for w in tr.replay.items} == {0, 2, 4}
-    finally:
-        runner.close()
+    eps = [_episode(2), _episode(3), _episode(2)]
+    col = Collection(groups=[Group((0, 0), eps, np.array([1.0, 0.0, 1.0]), np.array([0.5, -1.0, 0.5]))])
+    ws = success_windows(FlowMatchingObjective(arena_policy), col)
+    assert len(ws) == 4 and all(w["advantage"] == 0.0 for w in ws)  # 2 + 2 decisions of the two successes

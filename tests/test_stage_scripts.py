@@ -67,7 +67,8 @@ def test_stage7_and_8_run_from_their_presets(tmp_path, script, run_name):
     assert (cfg.algo.iterations, cfg.task.train_states, cfg.features.enable_smart_sampling) == (1, 4, stage8)
     assert cfg.algo.dynamic_sampling is stage8 and cfg.algo.opt.epochs == (2 if stage8 else 1)
     assert (run / "checkpoints" / "iter_0001" / "model.safetensors").is_file() and any((run / "tb").iterdir())
-    assert PI0Policy.from_pretrained(run / "final").config.model.optimality_condition
+    assert cfg.algo.objective == "ppo"  # LOOP: no optimality condition in the saved policy
+    assert not PI0Policy.from_pretrained(run / "final").config.model.optimality_condition
     assert [c["iteration"] for c in json.loads((run / "curve.json").read_text())] == [0.0, 1.0]  # before RL, iter 1
     if stage8:
         hist = json.loads((run / "history.json").read_text())

@@ -81,6 +81,12 @@ class InitStateHistory:
                 "states": [{"task_id": t, "init_state_id": s, "rewards": r, "skips": self.skips.get((t, s), 0)}
                            for (t, s), r in sorted(self.last.items())]}
 
+    def load_json(self, data: dict) -> None:
+        """Replace the entries with those of :meth:`to_json`'s dict (resume)."""
+        self.last = {(int(e["task_id"]), int(e["init_state_id"])): [float(r) for r in e["rewards"]]
+                     for e in data["states"]}
+        self.skips = {(int(e["task_id"]), int(e["init_state_id"])): int(e.get("skips", 0)) for e in data["states"]}
+
     def save(self, path: str | Path) -> Path:
         """Write the history as JSON."""
         path = Path(path)

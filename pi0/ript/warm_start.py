@@ -1,7 +1,9 @@
 """Tiny arena pi0 + supervised warm start (SFT) on a small fixed set of scripted-expert demos, and evaluation.
 
-SFT is pi0's ordinary flow-matching loss on expert chunks, run by the same ``RLOptimizerPI0_CFG`` as RL
-(no advantages, no condition). The demos and the warm-started checkpoint are cached on disk.
+SFT is pi0's flow-matching loss on expert chunks (``FlowMatchingObjective``), run by the same ``PolicyUpdate`` as
+RL. The warm start trains until held-out-validation success stops improving (:class:`Plateau`) and keeps the best
+weights: a *converged* few-shot start, so that what RL adds is not unfinished SFT. Demos and the warm-started
+checkpoint are cached on disk by config hash. RFT (SFT on the demos plus the policy's own successes) is :func:`rft`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,8 +26,10 @@ from pi0.policies.presets import default_cache_dir, tiny_tokenizer
 from pi0.envs import make_env_spec
 from pi0.rollout import Episode, RolloutRunner, RunnerConfig
 from pi0.rollout.policies import collect_expert_demos
-from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import PI0_CFG_Adapter, Window
-from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
+from pi0.ript.collection import Collection, RolloutGenerator, SDEChunkPolicy
+from pi0.ript.init_states import InitStateSampler
+from pi0.ript.objectives import FlowMatchingObjective, Window
+from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.transforms import libero_client_obs
 
 
@@ -82,9 +86,9 @@ def arena_expert_demos(demo_states: Sequence[tuple[int, int]], horizon: int, rep
 
 
 def demo_windows(policy: PI0Policy, demos: Sequence[tuple[Episode, np.ndarray]]) -> list[Window]:
-    """Expert demos (episode, chunks (D, H, 7)) -> SFT / anchor windows of ``policy`` (executed-action targets)."""
-    adapter = PI0_CFG_Adapter(policy, target="executed")
-    return [w for e, chunks in demos for w in adapter.demo_windows(e, chunks)]
+    """Expert demos (episode, chunks (D, H, 7)) -> SFT windows of ``policy`` (the expert's chunks as targets)."""
+    objective = FlowMatchingObjective(policy)
+    return [w for e, chunks in demos for w in objective.demo_windows(e, chunks)]
 
 
 def demo_norm_stats(demos: Sequence[tuple[Episode, np.ndarray]]) -> NormStats:
@@ -113,90 +117,129 @@ def evaluate(runner: RolloutRunner, policy: PI0Policy, states: Sequence[tuple[in
 
 
 def sft(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, steps: int | None = None,
-        seconds: float | None = None, seed: int = 0, optimizer: RLOptimizerPI0_CFG | None = None,
-        log_every: int = 0) -> RLOptimizerPI0_CFG:
+        seconds: float | None = None, seed: int = 0, update: PolicyUpdate | None = None) -> PolicyUpdate:
     """Flow-matching SFT on ``windows`` for ``steps`` optimizer steps or ``seconds`` of wall-clock."""
-    opt = optimizer or RLOptimizerPI0_CFG(PI0_CFG_Adapter(policy, target="executed"), opt_cfg, seed=seed)
+    upd = update or PolicyUpdate(FlowMatchingObjective(policy), opt_cfg, seed=seed)
     t0, done = time.perf_counter(), 0
     while (steps is None or done < steps) and (seconds is None or time.perf_counter() - t0 < seconds):
-        st = opt.step(windows, use_condition=False, max_steps=1 if seconds is not None else (steps - done))
+        st = upd.step(windows, max_steps=1 if seconds is not None else (steps - done))
         done += int(st["steps"] + st["skipped_steps"])
-        if log_every and done % log_every == 0:
-            print(f"sft step {done} loss {st.get('loss', float('nan')):.4f}", flush=True)
     policy.eval()
-    return opt
+    return upd
 
 
 @dataclass
-class WarmStop:
-    """Stop the warm-start SFT early, the first time success on ``val_states`` reaches ``success``.
+class Plateau:
+    """Train SFT until held-out-validation success stops improving: evaluated every ``every`` steps (one rollout per
+    state of ``val_states``), stopped after ``patience`` evaluations without a gain of more than ``min_delta`` over the
+    best, and the best weights are kept. The validation states must be disjoint from those a bench evaluates on."""
 
-    Checked every ``every`` steps (one rollout per state). The validation states must be disjoint from the
-    states a bench evaluates on; they give a deliberately weak start at a chosen level, whatever the step at
-    which SFT starts to generalise varies (400-demo runs read 0.75 at 3000 steps and 0.15 at 2500).
-    """
-
-    success: float
     val_states: list[tuple[int, int]]
     every: int = 250
+    patience: int = 4
+    min_delta: float = 0.0
 
 
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
-                   opt_cfg: OptimizerConfig, demo_noise: float = 0.0, stop: WarmStop | None = None,
-                   aim_error: float = 0.0) -> str:
+                   opt_cfg: OptimizerConfig, stop: Plateau | None = None) -> str:
     """Cache key of a warm-started checkpoint."""
-    extra: list = [demo_noise] if demo_noise else []  # keeps the keys of noise-free warm starts unchanged
-    if stop is not None:
-        extra.append(asdict(stop))
-    if aim_error:
-        extra.append({"aim_error": aim_error})
-    blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg), *extra],
-                      sort_keys=True)
+    blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg),
+                       asdict(stop) if stop else None, "v2-all-dims"], sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, max_steps: int,
+                   stop: Plateau, runner: RolloutRunner, seed: int = 0, log: bool = True) -> list[dict[str, float]]:
+    """SFT until ``stop`` says validation success plateaued (or ``max_steps``); loads the best weights into
+    ``policy`` -> the validation curve [{steps, val_success, seconds}]."""
+    import copy
+
+    upd, done, curve, t0 = None, 0, [], time.perf_counter()
+    best, best_state, since = -1.0, None, 0
+    while done < max_steps:
+        n = min(stop.every, max_steps - done)
+        upd = sft(policy, windows, opt_cfg, steps=n, seed=seed, update=upd)
+        done += n
+        val = evaluate(runner, policy, stop.val_states, seed=seed)
+        curve.append({"steps": done, "val_success": val, "seconds": time.perf_counter() - t0})
+        if log:
+            print(f"warm start: {done} SFT steps, validation success {val:.3f} (best {max(best, val):.3f})",
+                  flush=True)
+        if val > best + stop.min_delta:
+            best, best_state, since = val, copy.deepcopy(policy.model.state_dict()), 0
+        else:
+            since += 1
+            if since >= stop.patience:
+                break
+    if best_state is not None:
+        policy.model.load_state_dict(best_state)
+    policy.eval()
+    return curve
 
 
 def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
                       opt_cfg: OptimizerConfig, cache_dir: Path | None = None, resolution: int = 64,
-                      demo_noise: float = 0.0, stop: WarmStop | None = None, aim_error: float = 0.0
-                      ) -> tuple[PI0Policy, list[Window], Path]:
+                      stop: Plateau | None = None) -> tuple[PI0Policy, list[Window], Path]:
     """SFT'd tiny policy + its demo windows, computed once and cached under ``<cache>/ript_warm_start/<key>``.
 
-    ``sft_steps`` SFT steps, or fewer with ``stop`` (see :class:`WarmStop`); ``<key>/warm_start.json`` records
-    the steps taken and the validation curve. ``aim_error`` > 0: mixed-quality demos (``collect_expert_demos``).
+    ``sft_steps`` SFT steps, or (with ``stop``) until validation success plateaus, at most ``sft_steps``;
+    ``<key>/warm_start.json`` records the validation curve, the steps and the plateau (best validation success).
     """
     root = (cache_dir or default_cache_dir()) / "ript_warm_start" / warm_start_key(cfg, demo_states, sft_steps,
-                                                                                  opt_cfg, demo_noise, stop, aim_error)
+                                                                                  opt_cfg, stop)
     torch.manual_seed(cfg.seed)
-    demos = arena_expert_demos(demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, demo_noise, cfg.seed,
-                               aim_error)
+    demos = arena_expert_demos(demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, seed=cfg.seed)
     if (root / "model.safetensors").is_file():
         policy = PI0Policy.from_pretrained(root)
-    else:
-        policy = tiny_arena_policy(cfg, demo_norm_stats(demos))
+        return policy, demo_windows(policy, demos), root
+    policy = tiny_arena_policy(cfg, demo_norm_stats(demos))
     windows = demo_windows(policy, demos)
-    if not (root / "model.safetensors").is_file():
-        curve = []
-        if stop is None:
-            sft(policy, windows, opt_cfg, steps=sft_steps, seed=cfg.seed)
-        else:
-            val_runner = arena_runner(min(50, len(stop.val_states)), cfg.n_action_steps, resolution,
-                                      num_init_states=init_states_for(stop.val_states))
-            opt, done = None, 0
-            try:
-                while done < sft_steps:
-                    n = min(stop.every, sft_steps - done)
-                    opt = sft(policy, windows, opt_cfg, steps=n, seed=cfg.seed, optimizer=opt)
-                    done += n
-                    curve.append({"steps": done, "val_success": evaluate(val_runner, policy, stop.val_states)})
-                    print(f"warm start: {done} SFT steps, validation success {curve[-1]['val_success']:.3f}",
-                          flush=True)
-                    if curve[-1]["val_success"] >= stop.success:
-                        break
-            finally:
-                val_runner.close()
-        tmp = root.with_name(root.name + ".tmp")
-        policy.save_pretrained(tmp)
-        (tmp / "warm_start.json").write_text(json.dumps({"config": asdict(cfg), "sft_steps_max": sft_steps,
-                                                         "stop": asdict(stop) if stop else None, "curve": curve}))
-        tmp.rename(root)
+    curve: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    if stop is None:
+        sft(policy, windows, opt_cfg, steps=sft_steps, seed=cfg.seed)
+    else:
+        with arena_runner(min(50, len(stop.val_states)), cfg.n_action_steps, resolution,
+                          num_init_states=init_states_for(stop.val_states)) as val_runner:
+            curve = sft_to_plateau(policy, windows, opt_cfg, sft_steps, stop, val_runner, seed=cfg.seed)
+    best = max(curve, key=lambda c: c["val_success"]) if curve else None
+    tmp = root.with_name(root.name + ".tmp")
+    policy.save_pretrained(tmp)
+    (tmp / "warm_start.json").write_text(json.dumps({
+        "config": asdict(cfg), "demos": len(demo_states), "sft_steps_max": sft_steps,
+        "stop": asdict(stop) if stop else None, "curve": curve, "seconds": time.perf_counter() - t0,
+        "steps": best["steps"] if best else sft_steps, "plateau": best["val_success"] if best else None}))
+    tmp.rename(root)
     return policy, windows, root
+
+
+def success_windows(objective: FlowMatchingObjective, col: Collection) -> list[Window]:
+    """SFT windows of the successful rollouts of a collection (reward > 0), the chunks the policy sampled."""
+    return [w for g in col.groups for ep, r in zip(g.episodes, g.rewards) if r > 0
+            for w in objective.episode_windows(ep, 0.0)]
+
+
+def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner, sampler: InitStateSampler,
+        opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 0.5,
+        steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None) -> PolicyUpdate:
+    """Rejection-sampling fine-tuning (RFT) for ``seconds`` of wall-clock: each iteration collects K rollouts from
+    each of B init states as the PPO objective does (Flow-SDE), adds the successful ones' windows to the demo
+    windows, and takes ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no
+    condition, no new demos."""
+    objective = FlowMatchingObjective(policy)
+    upd = PolicyUpdate(objective, opt_cfg, seed=seed)
+    gen = RolloutGenerator(runner, SDEChunkPolicy(policy, noise_level, torch.Generator().manual_seed(seed)), sampler,
+                           group_size, dynamic_sampling=False, max_attempts=1)
+    pool = list(demo_windows)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        policy.eval()
+        col = gen.collect(num_groups)
+        new = success_windows(objective, col)
+        pool += new
+        st = upd.step(pool, max_steps=steps_per_iteration)
+        if callback is not None:
+            callback({"rollout/success_rate": col.success_rate, "rft/new_windows": float(len(new)),
+                      "rft/pool": float(len(pool)), **{f"train/{k}": v for k, v in st.items()}})
+    policy.eval()
+    return upd

@@ -24,8 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pi0.errors import UserError, require_path
 from pi0.models.pi0 import TRAINABLE
 from pi0.rollout.config import RunnerConfig
-from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import TARGETS
-from pi0.ript.trainer import BEHAVIORS, OBJECTIVES, RLConfig
+from pi0.ript.objectives import OBJECTIVES
+from pi0.ript.trainer import RLConfig
 
 PRESET_DIR = Path(__file__).parent
 ENVS = ("arena", "libero")
@@ -45,16 +45,13 @@ class TaskConfig:
     eval_start: int = 40  # held-out init states eval_start..eval_start+eval_states-1
     eval_states: int = 10
     warm_start_demos: int = 10  # expert demos per task for the tiny arena warm start
-    warm_start_steps: int = 300  # SFT steps of the warm start (0: start from the random tiny pi0)
-    # > 0: stop the warm-start SFT early, the first time success on the validation init states
-    # train_states..train_states+warm_start_val_states-1 reaches this (pi0.ript.warm_start.WarmStop), so the start
-    # is weak at a chosen level whatever step this run's SFT starts to generalise at; 0 = always warm_start_steps
-    warm_start_target: float = 0.0
+    warm_start_steps: int = 300  # most SFT steps of the warm start (0: start from the random tiny pi0)
+    # > 0: a converged start: SFT until success on the validation init states
+    # train_states..train_states+warm_start_val_states-1 has not improved for this many checks, every
+    # warm_start_every steps, keeping the best weights (pi0.ript.warm_start.Plateau); 0 = warm_start_steps steps
+    warm_start_patience: int = 0
+    warm_start_every: int = 250
     warm_start_val_states: int = 50
-    # > 0: the warm start's demos come from a suboptimal expert that misjudges the blocks' y by a per-episode offset
-    # in [-e, e] metres (pi0.envs.arena.ArenaExpert.aim_offset), labelled with its own actions, failures included
-    # (mixed-quality demos: SFT can only imitate their mix; 0.05 m: 46% of the demos succeed)
-    warm_start_aim_error: float = 0.0
 
 
 @dataclass
@@ -144,14 +141,6 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
-    "algo.negative_weight": (lambda v: v >= 0.0, ">= 0"),
-    "algo.anchor_ratio": (lambda v: v >= 0.0, ">= 0 (0 = no demo anchor)"),
-    "algo.target": (lambda v: v in TARGETS, f"one of {TARGETS}"),
-    "algo.behavior": (lambda v: v in BEHAVIORS, f"one of {BEHAVIORS}"),
-    "algo.behavior_refresh": (lambda v: v >= 0, ">= 0 (0 = the frozen snapshot is never refreshed)"),
-    "algo.refresh_gate": (lambda v: v >= 0, ">= 0 (0 = every refresh copies the trained weights)"),
-    "algo.replay_windows": (lambda v: v >= 0, ">= 0 (0 = no replay: each update trains on its own windows)"),
-    "algo.replay_sample": (lambda v: v >= 0, ">= 0 (0 = as many windows as the iteration collected)"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
     "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),
@@ -164,9 +153,9 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.eval_states": (lambda v: v >= 0, ">= 0"),
     "task.warm_start_demos": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_steps": (lambda v: v >= 0, ">= 0"),
-    "task.warm_start_target": (lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0 = no early stop)"),
+    "task.warm_start_patience": (lambda v: v >= 0, ">= 0 (0 = a fixed number of SFT steps)"),
+    "task.warm_start_every": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_val_states": (lambda v: v >= 1, ">= 1"),
-    "task.warm_start_aim_error": (lambda v: 0.0 <= v <= 0.2, "in [0, 0.2] metres (0 = the exact expert)"),
     "env.resolution": (lambda v: v >= 16, ">= 16"),
     "features.history_reprobe_after": (lambda v: v >= 1, ">= 1"),
     "distributed.backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
@@ -217,8 +206,8 @@ def _check_tasks(cfg: TrainConfig) -> None:
     if t.eval_states and t.eval_start < t.train_states:
         raise UserError(f"task.eval_start={t.eval_start} < task.train_states={t.train_states}: held-out init "
                         "states would overlap the training ones; set task.eval_start >= task.train_states")
-    if t.warm_start_target > 0 and t.eval_states and t.eval_start < t.train_states + t.warm_start_val_states:
-        raise UserError(f"task.warm_start_target > 0 validates on init states {t.train_states}.."
+    if t.warm_start_patience > 0 and t.eval_states and t.eval_start < t.train_states + t.warm_start_val_states:
+        raise UserError(f"task.warm_start_patience > 0 validates on init states {t.train_states}.."
                         f"{t.train_states + t.warm_start_val_states - 1}, which overlap the held-out ones from "
                         f"task.eval_start={t.eval_start}; set task.eval_start >= task.train_states + "
                         "task.warm_start_val_states")
@@ -227,7 +216,7 @@ def _check_tasks(cfg: TrainConfig) -> None:
         bad = [i for i in t.task_ids if not 0 <= i < len(TASKS)]
         if bad:
             raise UserError(f"task.task_ids: unknown arena task id(s) {bad}; valid ids are 0..{len(TASKS) - 1}")
-        need = max(t.train_states + (t.warm_start_val_states if t.warm_start_target > 0 else 0),
+        need = max(t.train_states + (t.warm_start_val_states if t.warm_start_patience > 0 else 0),
                    t.eval_start + t.eval_states)
         if need > cfg.env.num_init_states:
             raise UserError(f"task: the init-state split needs {need} arena init states > env.num_init_states="
@@ -250,16 +239,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Range / choice checks, task ids and the checkpoint path (raises UserError naming the key)."""
     check_ranges(cfg)
     _check_tasks(cfg)
-    warm_start = cfg.task.env == "arena" and not cfg.task.checkpoint  # the run starts from the arena's SFT warm start
-    if cfg.algo.anchor_ratio > 0 and cfg.algo.objective != "cfg":
-        raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} is an option of the CFG objective, not of "
-                        f"algo.objective={cfg.algo.objective}; set algo.anchor_ratio=0")
-    if cfg.algo.anchor_ratio > 0 and not warm_start:
-        raise UserError(f"algo.anchor_ratio={cfg.algo.anchor_ratio} needs the warm start's expert demos, which only "
-                        "the arena warm start has (task.env=arena, no task.checkpoint); set algo.anchor_ratio=0")
-    if cfg.task.warm_start_aim_error > 0 and not warm_start:
-        raise UserError(f"task.warm_start_aim_error={cfg.task.warm_start_aim_error} shapes the arena warm start's "
-                        "demos, and this run has none (task.env=libero or a task.checkpoint); set it to 0")
     if cfg.task.checkpoint:
         require_path(cfg.task.checkpoint, "task.checkpoint",
                      "give a directory written by PI0Policy.save_pretrained or convert_pi0_to_hf_lerobot.py", True)

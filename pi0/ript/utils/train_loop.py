@@ -1,8 +1,8 @@
-"""The config-driven RIPT-CFG training job of stages 7-11 (single process or torchrun): the one training loop.
+"""The config-driven RIPT training job of stages 7-11 (single process or torchrun) around ``RIPTTrainer``.
 
 Each rank: its shard of the training init states (seed offset by rank), its own runner; collection stops early
 through the global counter once all ranks together kept ``algo.num_groups x world`` groups; the update is
-:class:`DistributedRLOptimizer` (same number of collectives and steps on every rank, masked batches where a rank
+``pi0.ript.update.PolicyUpdate`` (same number of collectives and steps on every rank, masked batches where a rank
 has no data); scalars are all-reduced and logged on rank 0 (tqdm, TensorBoard, curve JSON/PNG), which also
 writes videos and checkpoints. With smart sampling on, each rank writes its init-state history as JSON every
 iteration (``history.json`` on rank 0). ``resume=True`` continues from ``<run>/checkpoints/latest``. Stage scripts
@@ -27,15 +27,14 @@ from pi0.errors import UserError
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
 from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
-from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
-from pi0.ript.algos.rl_optimizers.rollout_generator import Collection, RolloutGenerator
 from pi0.ript.algos.rl_optimizers.store_counter import StoreGlobalCounter
+from pi0.ript.checkpoint import latest_checkpoint, load_train_state, save_checkpoint
 from pi0.ript.config.schema import StageRules, TrainConfig, save_config
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.trainer import RIPTTrainer
-from pi0.ript.utils.dist_utils import (DistInfo, DistributedRLOptimizer, DistributedStatsSynchronizer, barrier,
-                                       cleanup_distributed, setup_distributed, shard_tasks_across_gpus)
-from pi0.ript.utils.resume import latest_checkpoint, load_train_state, save_checkpoint
+from pi0.ript.update import OptimizerConfig
+from pi0.ript.utils.dist_utils import (DistInfo, DistributedStatsSynchronizer, barrier, cleanup_distributed,
+                                       setup_distributed, shard_tasks_across_gpus)
 
 
 def seed_everything(seed: int) -> None:
@@ -45,53 +44,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def warm_start_demo_states(cfg: TrainConfig) -> list[tuple[int, int]]:
-    """The (task_id, init_state_id) pairs of the arena warm start's demos: the first ``task.warm_start_demos`` states
-    of each task (the same list for the warm start and, on resume, for the demo anchor)."""
-    return [(tid, i) for tid in cfg.task.task_ids for i in range(cfg.task.warm_start_demos)]
-
-
-def initial_policy(cfg: TrainConfig, info: DistInfo) -> tuple[PI0Policy, list | None]:
-    """task.checkpoint, or the tiny arena warm start cached under ``<out_dir>/cache`` (rank 0 computes it first),
-    + the warm start's expert demo windows (None without a warm start)."""
+def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
+    """task.checkpoint, or the tiny arena warm start cached under ``<out_dir>/cache`` (rank 0 computes it first):
+    SFT on the first ``task.warm_start_demos`` states' scripted-expert demos, until validation success plateaus
+    (``task.warm_start_patience`` > 0) or for ``task.warm_start_steps``."""
     t = cfg.task
     if t.checkpoint:
-        return PI0Policy.from_pretrained(t.checkpoint, device=info.device), None
+        return PI0Policy.from_pretrained(t.checkpoint, device=info.device)
     if t.env == "libero":
         from pi0.policies.presets import tiny_policy
-        return tiny_policy().to(info.device), None
-    from pi0.ript.warm_start import TinyArenaConfig, WarmStop, cached_warm_start
+        return tiny_policy().to(info.device)
+    from pi0.ript.warm_start import Plateau, TinyArenaConfig, cached_warm_start
 
-    demos = warm_start_demo_states(cfg)
+    demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
     stop = None
-    if t.warm_start_target > 0:
+    if t.warm_start_patience > 0:
         val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
-        stop = WarmStop(t.warm_start_target, val, every=100)
+        stop = Plateau(val, every=t.warm_start_every, patience=t.warm_start_patience)
     cache = Path(cfg.logging.out_dir) / "cache"
-    policy, windows = None, None
+    policy = None
     for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
         if info.is_main == turn:
-            policy, windows, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps,
-                                                   OptimizerConfig(lr=1e-3), cache_dir=cache,
-                                                   resolution=cfg.env.resolution, stop=stop,
-                                                   aim_error=t.warm_start_aim_error)
+            policy, _, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
+                                             cache_dir=cache, resolution=cfg.env.resolution, stop=stop)
         barrier(info)
-    return policy.to(info.device), windows
-
-
-def anchor_windows(cfg: TrainConfig, policy: PI0Policy, warm_windows: list | None = None) -> list:
-    """The warm start's expert demo windows for ``algo.anchor_ratio`` > 0 (arena only): ``warm_windows`` when
-    :func:`initial_policy` just built them, else (on resume) recollected."""
-    if cfg.algo.anchor_ratio <= 0:
-        return []
-    if warm_windows is not None:
-        return warm_windows
-    from pi0.ript.warm_start import TinyArenaConfig, arena_expert_demos, demo_windows
-
-    demos = arena_expert_demos(warm_start_demo_states(cfg), policy.config.model.action_horizon,
-                               policy.config.n_action_steps, cfg.env.resolution, seed=TinyArenaConfig().seed,
-                               aim_error=cfg.task.warm_start_aim_error)
-    return demo_windows(policy, demos)
+    return policy.to(info.device)
 
 
 def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
@@ -106,41 +83,6 @@ def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
     return RolloutRunner(spec, None, rc)
 
 
-class CountedRolloutGenerator(RolloutGenerator):
-    """Collects in rounds until the global kept-group counter reaches the global target (or attempts run out)."""
-
-    counter: Any = None
-    global_target: int = 0
-
-    def collect(self, num_groups: int) -> Collection:
-        """Rounds of the base collection; each adds its kept groups to the shared counter."""
-        if self.counter is None:
-            return super().collect(num_groups)
-        total = Collection(groups=[])
-        attempts, self.max_attempts = self.max_attempts, 1
-        succ, n = 0.0, 0
-        try:
-            while total.attempts < attempts:
-                need = min(num_groups, self.global_target - self.counter.get())
-                if need <= 0:
-                    break
-                col = super().collect(need)
-                self.counter.update(len(col.groups))
-                total.groups += col.groups
-                total.attempts += col.attempts
-                total.num_groups += col.num_groups
-                total.num_skipped_states += col.num_skipped_states
-                total.rollout_time += col.rollout_time
-                total.all_rewards += col.all_rewards
-                succ += col.success_rate * col.num_groups * self.group_size
-                n += col.num_groups * self.group_size
-                total.exhausted = col.exhausted
-        finally:
-            self.max_attempts = attempts
-        total.success_rate = succ / n if n else 0.0
-        return total
-
-
 def make_counter(cfg: TrainConfig, info: DistInfo, run_dir: Path, it: int) -> Any:
     """The per-iteration global counter (None when single-process or disabled)."""
     if not (info.enabled and cfg.features.enable_global_counter):
@@ -151,9 +93,9 @@ def make_counter(cfg: TrainConfig, info: DistInfo, run_dir: Path, it: int) -> An
 
 
 def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: RolloutRunner,
-                  warm_windows: list | None = None) -> RIPTTrainer:
-    """Trainer over this rank's shard, with the distributed optimizer and the counted generator (``warm_windows``:
-    the warm start's demo windows from :func:`initial_policy`, the anchor's source)."""
+                  run_dir: Path) -> RIPTTrainer:
+    """The trainer over this rank's shard of the training states, averaging its update over ranks and counting
+    kept groups globally (``features.enable_global_counter``)."""
     t = cfg.task
     train, held_out = split_states(t.task_ids, t.train_states, t.eval_start, t.eval_states)
     shard = shard_tasks_across_gpus(train, info.rank, info.world_size)
@@ -161,12 +103,8 @@ def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: R
     seed = cfg.algo.seed + 1000 * info.rank
     algo = dataclasses.replace(cfg.algo, seed=seed)
     history = InitStateHistory(cfg.features.history_reprobe_after) if cfg.features.enable_smart_sampling else None
-    trainer = RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history,
-                          anchor_windows=anchor_windows(cfg, policy, warm_windows))
-    trainer.optimizer = DistributedRLOptimizer(trainer.adapter, algo.opt, seed=seed, info=info)
-    trainer.stats_sum = DistributedStatsSynchronizer(info).sum  # the refresh test decides on all ranks' rollouts
-    trainer.rollouts.__class__ = CountedRolloutGenerator
-    return trainer
+    return RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history, info=info,
+                       counter=lambda it: make_counter(cfg, info, run_dir, it))
 
 
 def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedStatsSynchronizer) -> dict[str, float]:
@@ -187,9 +125,8 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
            "steps": st["train/steps"], "skipped_steps": st["train/skipped_steps"]}
     if s["eval_n"]:
         out["eval_success_rate"] = s["eval_succ"] / s["eval_n"]
-    for key in ("train/loss_cond", "train/loss_uncond", "behavior/candidate_success", "behavior/snapshot_success",
-                "behavior/refreshed"):  # the refresh test's scalars are reduced over ranks already
-        if key in st:
+    for key in ("train/loss", "train/loss_cond", "train/loss_uncond", "train/clip_frac", "train/ratio_mean"):
+        if key in st:  # this rank's minibatch means
             out[key.split("/")[1]] = st[key]
     return out
 
@@ -253,13 +190,12 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
     seed_everything(cfg.algo.seed + 1000 * info.rank)
     if info.is_main:
         save_config(cfg, run_dir / "config.yaml")
-    policy, warm_windows = (PI0Policy.from_pretrained(ckpt, device=info.device), None) if ckpt \
-        else initial_policy(cfg, info)
+    policy = PI0Policy.from_pretrained(ckpt, device=info.device) if ckpt else initial_policy(cfg, info)
     curve_path = run_dir / "curve.json"
     with build_runner(cfg) as runner:
-        trainer = build_trainer(cfg, info, policy, runner, warm_windows)
+        trainer = build_trainer(cfg, info, policy, runner, run_dir)
         warm = cfg.warmup_iterations
-        sched = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer.optimizer,
+        sched = torch.optim.lr_scheduler.LambdaLR(trainer.update.optimizer,
                                                   lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
         if ckpt:
             load_train_state(ckpt, trainer, sched, info)
@@ -279,13 +215,10 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
         bar = None
         if info.is_main and cfg.logging.progress:
             from tqdm import tqdm
-            bar = tqdm(total=cfg.algo.iterations, initial=trainer.iteration, desc="RIPT-CFG", dynamic_ncols=True)
+            bar = tqdm(total=cfg.algo.iterations, initial=trainer.iteration, desc=f"RIPT-{cfg.algo.objective}", dynamic_ncols=True)
         while trainer.iteration < cfg.algo.iterations:
             it = trainer.iteration + 1
-            counter = make_counter(cfg, info, run_dir, it)
-            trainer.rollouts.counter = counter
-            trainer.rollouts.global_target = cfg.algo.num_groups * info.world_size
-            st = trainer.step()
+            st = trainer.step()  # collect, advantages, windows, update, evaluate (pi0.ript.trainer)
             if trainer.rollouts.history is not None:
                 trainer.rollouts.history.save(history_path(run_dir, info))
             with warnings.catch_warnings():  # no optimizer step happened when every group was filtered
@@ -295,8 +228,8 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             g["iteration"] = float(it)
             g["lr"] = sched.get_last_lr()[0]
             trainer.curve = curve = [c for c in curve if c["iteration"] < it] + [g]
-            if counter is not None and info.is_main and isinstance(counter, FileGlobalCounter):
-                counter.cleanup()  # every rank finished collecting: the update's all-reduces came after
+            if info.is_main and cfg.features.enable_global_counter and cfg.distributed.counter == "file":
+                FileGlobalCounter(run_dir / "counters" / f"iter_{it:05d}").cleanup()  # every rank is past collection
             if info.is_main:
                 for k, v in g.items():
                     if k != "iteration":

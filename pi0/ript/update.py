@@ -1,0 +1,142 @@
+"""The one update step of RL and SFT alike: epochs x minibatches of an objective's loss, gradients averaged over
+ranks, clipping, and a non-finite guard. On one process the reductions are no-ops.
+
+Every rank runs the same number of optimizer steps and collectives, so DDP-style training cannot deadlock: the step
+count is the max over ranks of ``epochs x ceil(ceil(windows / minibatch) / grad_accum)``; a rank that runs out of
+minibatches (or has none) contributes zero gradients. Gradients are summed over ranks and divided by the global number
+of minibatches in the step, so the update equals single-process training on the union of the ranks' minibatches.
+A non-finite loss masks its minibatch out; a non-finite reduced gradient skips the step (same decision everywhere).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pi0.ript.objectives import FlowMatchingObjective, Window
+from pi0.ript.utils.dist_utils import DistInfo
+
+
+@dataclass
+class OptimizerConfig:
+    """Update settings (shared by RL and the supervised warm start)."""
+
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    epochs: int = 1  # passes over the collected windows per update
+    minibatch_size: int = 32  # windows per forward pass
+    grad_accum_steps: int = 1  # minibatches per optimizer step
+    max_grad_norm: float = 1.0  # <= 0: no clipping
+
+
+class PolicyUpdate:
+    """AdamW over the trainable parameters of ``objective.policy``; :meth:`step` trains on a list of windows."""
+
+    def __init__(self, objective: FlowMatchingObjective, config: OptimizerConfig | None = None, seed: int = 0,
+                 info: DistInfo | None = None):
+        self.objective = objective
+        self.config = c = config or OptimizerConfig()
+        if c.minibatch_size < 1 or c.grad_accum_steps < 1 or c.epochs < 1:
+            raise ValueError("epochs, minibatch_size and grad_accum_steps must be >= 1")
+        self.info = info or DistInfo()
+        self.params = [p for p in objective.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, weight_decay=c.weight_decay)
+        self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
+        self.rng = np.random.default_rng(seed)  # minibatch order
+        self.num_skipped = 0  # optimizer steps skipped for a non-finite loss / gradient (lifetime)
+
+    @property
+    def adapter(self) -> FlowMatchingObjective:  # the seed's name for the objective
+        return self.objective
+
+    def _allreduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
+        if self.info.enabled:
+            dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+        return t
+
+    def _apply(self) -> bool:
+        """Clip and step; False (grads zeroed) when the gradient norm is non-finite."""
+        c = self.config
+        norm = torch.nn.utils.clip_grad_norm_(self.params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        self.optimizer.step()
+        return True
+
+    def step(self, windows: Sequence[Window], max_steps: int | None = None) -> dict[str, float]:
+        """Train on ``windows`` for ``epochs`` (or ``max_steps`` optimizer steps) -> mean stats.
+
+        Stats: the objective's (loss, ...), steps, skipped_steps (non-finite), update_time. Every rank must call it,
+        also with no windows.
+        """
+        c = self.config
+        t0 = time.perf_counter()
+        model = self.objective.policy.model
+        was_training = model.training
+        model.train()
+        mbs: list[np.ndarray] = []
+        for _ in range(c.epochs):
+            order = self.rng.permutation(len(windows)) if windows else np.zeros(0, int)
+            mbs += [order[i: i + c.minibatch_size] for i in range(0, len(order), c.minibatch_size)]
+        local_steps = math.ceil(len(mbs) / c.grad_accum_steps)
+        n_steps = int(self._allreduce(torch.tensor([local_steps], dtype=torch.int64), dist.ReduceOp.MAX
+                                      if self.info.enabled else None).item())
+        if max_steps is not None:
+            n_steps = min(n_steps, max_steps)
+        sums: dict[str, list[float]] = {}
+        steps = skipped = 0
+        for s in range(n_steps):
+            self.optimizer.zero_grad(set_to_none=False)
+            mine = mbs[s * c.grad_accum_steps: (s + 1) * c.grad_accum_steps]
+            used = 0
+            for mb in mine:
+                loss, st = self.objective.loss(self.objective.collate([windows[i] for i in mb]), self.generator)
+                if not math.isfinite(float(loss.detach())):
+                    continue  # this minibatch is masked out; the rank still joins the all-reduce below
+                for k, v in st.items():
+                    sums.setdefault(k, []).append(v)
+                loss.backward()
+                used += 1
+            # one flat all-reduce of every gradient + the minibatch count (a no-op on one process)
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                              for p in self.params]
+                             + [torch.tensor([float(used)], device=self.params[0].device)])
+            self._allreduce(flat)
+            total = float(flat[-1])
+            if total == 0:  # every rank's minibatches were empty / non-finite: nothing to apply
+                skipped += int(bool(mine))
+                continue
+            off = 0
+            for p in self.params:
+                n = p.numel()
+                p.grad = (flat[off: off + n] / total).view_as(p).to(p.dtype).clone()
+                off += n
+            ok = self._apply()
+            steps += int(ok)
+            skipped += int(not ok)
+        self.optimizer.zero_grad(set_to_none=True)
+        model.train(was_training)
+        self.num_skipped += skipped
+        out = {k: float(np.mean(v)) for k, v in sums.items()}
+        out.update(steps=float(steps), skipped_steps=float(skipped), update_time=time.perf_counter() - t0)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state and both RNGs (resume)."""
+        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                "rng": self.rng.bit_generator.state, "num_skipped": self.num_skipped}
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.generator.set_state(st["generator"])
+        self.rng.bit_generator.state = st["rng"]
+        self.num_skipped = int(st.get("num_skipped", 0))
