@@ -1,4 +1,4 @@
-r"""Stage 10: the config-driven RIPT-CFG job on several processes with torchrun (nccl on GPU, gloo on CPU).
+r"""Stage 10: the config-driven RIPT job on several processes with torchrun (nccl on GPU, gloo on CPU).
 
 Adds to stage 9: init states sharded across ranks with seeds offset by rank; collection stopped early on every
 rank through a global counter (file on shared storage, or the c10d store across nodes); gradients averaged over

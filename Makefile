@@ -19,9 +19,10 @@ $(VENV)/bin/python:
 	$(VPY) -m pip install -q --upgrade pip
 
 $(STAMP): requirements.lock pyproject.toml | $(VENV)/bin/python
-	grep -v '^openpi-client==' requirements.lock > $(VENV)/.requirements-deps.txt
+	grep -v '^openpi-client==\|^metaworld==' requirements.lock > $(VENV)/.requirements-deps.txt
 	$(VPY) -m pip install -q -r $(VENV)/.requirements-deps.txt
 	$(VPY) -m pip install -q --no-deps $$(grep '^openpi-client==' requirements.lock)  # declares numpy<2; runs on 2
+	$(VPY) -m pip install -q --no-deps $$(grep '^metaworld==' requirements.lock)  # declares mujoco 3.3.0; runs on 3.2.3
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -1,4 +1,4 @@
-r"""Bench: does RL improve a *converged* few-shot pi0 beyond what its demonstrations give? (arena, CPU)
+r"""Bench: does RL improve a *converged* few-shot pi0 beyond what its demonstrations give? (arena or MetaWorld, CPU)
 
 Protocol:
 1. Start: a tiny pi0 (same architecture, small sizes) trained by SFT on ``--num_demos`` scripted-expert demos per task
@@ -17,6 +17,8 @@ Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall
 ``before=<p> after=<p> sft=<p> rft=<p> w1=<p> minutes=<m>`` (w1: the RL policy at w=1; equals ``after`` for ppo).
 
     nice -n 10 .venv/bin/python bench/rl_improvement.py --seed 0 --minutes 20 --out runs/bench_rl/seed0
+    .venv/bin/python bench/rl_improvement.py --env metaworld --task 1 2 5 --num_demos 20 --minutes 30 --eval_states 70 \
+        --train_states 200 --val_start 200 --val_states 20 --eval_start 250 --out runs/bench_rl_mw/seed0
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
 from pi0.ript.update import OptimizerConfig  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
-    Plateau, TinyArenaConfig, arena_runner, cached_warm_start, evaluate, rft, sft)
+    ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
 
 ARMS = ("rl", "sft", "rft")
@@ -49,7 +51,8 @@ ARMS = ("rl", "sft", "rft")
 class Config:
     """Bench options."""
 
-    task: list[int] = field(default_factory=lambda: [4])  # arena task id(s)
+    env: str = "arena"  # "arena" | "metaworld" (MT10 task ids)
+    task: list[int] = field(default_factory=lambda: [4])  # task id(s) of the env
     seed: int = 0
     minutes: float = 20.0  # wall-clock of each arm
     objective: str = "ppo"  # the RL arm's objective: ppo | cfg
@@ -80,6 +83,7 @@ class Config:
     # RFT
     rft_steps_per_iteration: int = 8
     snapshots: int = 6  # checkpoints per arm along its budget (the curve)
+    num_envs: int = 0  # envs per runner (0: arena num_groups x group_size in process; MetaWorld 4 subprocess workers)
     threads: int = 1  # torch threads per process (1 is fastest on a loaded 2-core machine)
     out: str = "runs/bench_rl"
     arm: str = ""  # internal: run one arm ("rl" | "sft" | "rft") in this process
@@ -93,6 +97,11 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
                          f"({cfg.val_start + cfg.val_states}) <= eval_start ({cfg.eval_start})")
     if cfg.objective not in ("ppo", "cfg"):
         raise SystemExit(f"error: --objective must be ppo or cfg, got {cfg.objective!r}")
+    if cfg.env not in ENVS:
+        raise SystemExit(f"error: --env must be one of {ENVS}, got {cfg.env!r}")
+    n_tasks = 5 if cfg.env == "arena" else 10
+    if not cfg.task or any(not 0 <= t < n_tasks for t in cfg.task):
+        raise SystemExit(f"error: unknown {cfg.env} task id(s) in --task {cfg.task}; valid ids are 0..{n_tasks - 1}")
     val = [(t, i) for t in cfg.task for i in range(cfg.val_start, cfg.val_start + cfg.val_states)]
     held = [(t, i) for t in cfg.task for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]
     return val, held, {t: range(cfg.train_states) for t in cfg.task}
@@ -102,13 +111,24 @@ def num_init_states(cfg: Config) -> int:
     return cfg.eval_start + cfg.eval_states
 
 
+def tiny_config(cfg: Config) -> TinyArenaConfig:
+    """The tiny pi0 of the bench (MetaWorld's longer prompts get 32 tokens)."""
+    return TinyArenaConfig(seed=cfg.seed, max_token_len=24 if cfg.env == "arena" else 32)
+
+
+def make_runner(cfg: Config, policy: PI0Policy, num_envs: int):
+    """A runner of the bench's env (``--num_envs`` overrides ``num_envs``)."""
+    n = cfg.num_envs or (num_envs if cfg.env == "arena" else 4)
+    return env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=num_init_states(cfg))
+
+
 def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
     """The converged few-shot start (cached) + its demo windows, cache dir and record."""
     val, _, _ = splits(cfg)
     demos = [(t, i) for t in cfg.task for i in range(cfg.num_demos)]
     policy, windows, root = cached_warm_start(
-        TinyArenaConfig(seed=cfg.seed), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
-        stop=Plateau(val, cfg.check_every, cfg.patience))
+        tiny_config(cfg), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
+        stop=Plateau(val, cfg.check_every, cfg.patience), env=cfg.env)
     return policy, windows, root, json.loads((root / "warm_start.json").read_text())
 
 
@@ -135,14 +155,16 @@ def run_arm(cfg: Config) -> None:
     out = Path(cfg.out) / cfg.arm
     out.mkdir(parents=True, exist_ok=True)
     seconds = cfg.minutes * 60
-    runner = arena_runner(cfg.num_groups * cfg.group_size, policy.config.n_action_steps,
-                          num_init_states=num_init_states(cfg))
+    runner = make_runner(cfg, policy, cfg.num_groups * cfg.group_size)
     snaps = Snapshots(out, seconds, cfg.snapshots)
     log: list[dict] = []
 
     def callback(st: dict) -> None:
         log.append({"minutes": (time.perf_counter() - snaps.t0) / 60,
                     **{k: v for k, v in st.items() if isinstance(v, float)}})
+        if "rollout/success_rate" in st and (len(log) == 1 or int(log[-1]["minutes"]) > int(log[-2]["minutes"])):
+            print(f"[{cfg.arm}] {log[-1]['minutes']:.1f} min, iteration {len(log)}: rollout success "
+                  f"{st['rollout/success_rate']:.2f}", flush=True)
         snaps.maybe(policy)
 
     sft_opt = OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32)
@@ -197,8 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"start: {cfg.num_demos} demos x {len(cfg.task)} task(s) ({len(windows)} windows), SFT {rec['steps']} steps "
           f"(best of {len(rec['curve'])} checks), validation plateau {rec['plateau']:.3f}, cached at {root}",
           flush=True)
-    with arena_runner(50, policy.config.n_action_steps, num_init_states=num_init_states(cfg)) as runner:
-        before = evaluate(runner, policy, held, seed=cfg.seed + 100)
+    with make_runner(cfg, policy, 50) as r:
+        before = evaluate(r, policy, held, seed=cfg.seed + 100)
     n = len(held)
     print(f"before: held-out success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)
     # the arms, side by side, each in its own process
@@ -234,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
         xs, ys = [0.0] + [p["minutes"] for p in c], [before] + [p[k] for p in c]
         ax.errorbar(xs, ys, yerr=[se(y, n) for y in ys], marker="o", capsize=2, label=label)
     ax.set(xlabel="wall-clock minutes (arms side by side on 2 cores)", ylabel=f"held-out success ({n} states)",
-           ylim=(0, 1), title=f"task {cfg.task}, seed {cfg.seed}, start {before:.2f}")
+           ylim=(0, 1), title=f"{cfg.env} task {cfg.task}, seed {cfg.seed}, start {before:.2f}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "rl_improvement.png", dpi=100)

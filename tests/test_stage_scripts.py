@@ -118,3 +118,18 @@ def test_stage7_and_8_libero_smoke(tmp_path, script, run_name):
                "algo.iterations=1", "algo.num_groups=1", "algo.group_size=2", "algo.max_collect_attempts=1",
                "task.eval_states=1", f"logging.out_dir={tmp_path}", timeout=600)
     assert "iter 1: success" in out and (tmp_path / run_name / "final" / "model.safetensors").is_file()
+
+
+def test_libero_preset_runs_the_ppo_recipe(tmp_path):
+    """The LIBERO preset (objective=ppo, trainable=expert) through stage 11 on the real simulator: a tiny random pi0,
+    one iteration of 2 Flow-SDE rollouts, on CPU."""
+    out = _run("11_train_ript_vla_style.py", "--config_path", "libero_spatial", "device=cpu", "task.task_ids=[0]",
+               "algo.iterations=1", "algo.num_groups=1", "algo.group_size=2", "algo.eval_every=0",
+               "task.eval_states=0", "env.runner.num_envs=2", "env.runner.max_steps=10", "features.save_video=false",
+               "features.enable_smart_sampling=false", "logging.progress=false", "logging.plot=false",
+               f"logging.out_dir={tmp_path}", timeout=600)
+    assert "iter 1: success 0.00 (2 rollouts)" in out, out[-2000:]
+    from pi0.ript.config import load_config
+    cfg = load_config(str(tmp_path / "libero_spatial" / "config.yaml"))
+    assert (cfg.algo.objective, cfg.algo.trainable, cfg.task.env) == ("ppo", "expert", "libero")
+    assert (tmp_path / "libero_spatial" / "final" / "model.safetensors").is_file()

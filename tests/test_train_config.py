@@ -47,7 +47,8 @@ def test_required_presets_are_bundled():
     (["algo.iterations"], ["key=value"]),
     (["algo.anchor_ratio=1"], ["algo.anchor_ratio"]),  # deleted options are unknown keys now
     (["algo.objective=grpo"], ["algo.objective", "'ppo', 'cfg'"]),
-    (["algo.trainable=vision"], ["algo.trainable", "'all', 'expert'"]),
+    (["algo.trainable=vision"], ["algo.trainable", "'all', 'expert', 'lora'"]),
+    (["algo.precision=fp16"], ["algo.precision", "'float32', 'bf16'"]),
     (["task.warm_start_patience=3"], ["task.warm_start_patience", "overlap", "task.eval_start"]),
     (["task.warm_start_patience=-1"], ["task.warm_start_patience", ">= 0"]),
 ])

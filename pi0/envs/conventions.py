@@ -61,6 +61,7 @@ LIBERO_SUITES: tuple[str, ...] = tuple(LIBERO_SUITE_TABLE)
 SUITE_MAX_STEPS: dict[str, int] = {name: s.max_steps for name, s in LIBERO_SUITE_TABLE.items()}
 LIBERO_GYM_IDS: dict[str, str] = {name: s.gym_id for name, s in LIBERO_SUITE_TABLE.items()}
 ARENA_GYM_ID = "arena-v0"
+METAWORLD_GYM_ID = "metaworld-mt10-v0"
 
 
 def check_libero_suite(suite: str) -> None:
@@ -104,10 +105,13 @@ def libero_env_spec(suite: str = "libero_spatial", task_id: int = 0, render_on_d
 
 
 def make_env_spec(env: str = "libero", suite: str = "libero_spatial", task_id: int = 0, **kwargs: Any) -> EnvSpec:
-    """EnvSpec for ``env="libero"`` (a suite) or ``env="arena"`` (the fast built-in env), render-on-demand."""
+    """EnvSpec for ``env="libero"`` (a suite), ``env="arena"`` (the fast built-in env) or ``env="metaworld"`` (MT10),
+    render-on-demand."""
     if env == "libero":
         return libero_env_spec(suite, task_id=task_id, **kwargs)
     if env == "arena":
         return EnvSpec(ARENA_GYM_ID, {"task_id": task_id, "render_on_demand": True, **kwargs})
-    raise UserError(f"unknown env {env!r}; choose 'libero' or 'arena'")
+    if env == "metaworld":
+        return EnvSpec(METAWORLD_GYM_ID, {"task_id": task_id, "render_on_demand": True, **kwargs})
+    raise UserError(f"unknown env {env!r}; choose 'libero', 'arena' or 'metaworld'")
 

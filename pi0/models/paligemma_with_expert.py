@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pi0.models.attention import apply_rope, attention
 from pi0.models.config import Pi0Config
@@ -66,6 +67,8 @@ class PaliGemmaWithExpert(nn.Module):
         self.cfg = cfg
         self.paligemma = PaliGemma(cfg)
         self.gemma_expert = ActionExpert(cfg)
+        # training memory: recompute each transformer layer in backward instead of storing its activations
+        self.gradient_checkpointing = False
 
     @property
     def experts(self) -> tuple[GemmaModel, GemmaModel]:
@@ -99,32 +102,49 @@ class PaliGemmaWithExpert(nn.Module):
         positions (B, sum T_i), adarms_cond[i] (B, C) or None (pi0.5's expert) -> (per-expert final-normed
         outputs (B, T_i, D_i) or None, new kv cache).
         """
-        experts = self.experts
         active = [i for i, x in enumerate(inputs_embeds) if x is not None]
-        hidden = {i: inputs_embeds[i] for i in active}
-        conds = {i: (adarms_cond[i] if adarms_cond is not None else None) for i in active}
-        lengths = [hidden[i].shape[1] for i in active]
+        hidden = tuple(inputs_embeds[i] for i in active)
+        conds = tuple(adarms_cond[i] if adarms_cond is not None else None for i in active)
         new_cache: KVCache = []
         for layer_idx in range(self.cfg.paligemma.depth):
-            qs, ks, vs, gates = [], [], [], {}
-            for i in active:
-                layer = experts[i].layers[layer_idx]
-                normed, gates[i] = apply_norm(layer.input_layernorm, hidden[i], conds[i])
-                q, k, v = layer.self_attn.qkv(normed)
-                qs.append(q), ks.append(k), vs.append(v)
-            q, k, v = torch.cat(qs, 1), torch.cat(ks, 1), torch.cat(vs, 1)  # (B, T, N|K, H)
-            # as in openpi gemma.py Attention: RoPE on q and k, then q *= head_dim**-0.5.
-            q = apply_rope(q, positions) * torch.tensor(q.shape[-1] ** -0.5, dtype=q.dtype)
-            k = apply_rope(k, positions)
+            past = kv_cache[layer_idx] if kv_cache is not None else None
+            args = (layer_idx, tuple(active), hidden, conds, attn_mask, positions, past)
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                hidden, k, v = checkpoint(self._layer, *args, use_reentrant=False)
+            else:
+                hidden, k, v = self._layer(*args)
             if return_kv_cache:
                 new_cache.append((k, v))
-            if kv_cache is not None:
-                k = torch.cat([kv_cache[layer_idx][0], k], dim=1)
-                v = torch.cat([kv_cache[layer_idx][1], v], dim=1)
-            out = attention(q, k, v, attn_mask, self.cfg.attn_implementation)  # (B, T, N, H)
-            for i, chunk in zip(active, torch.split(out, lengths, dim=1)):
-                hidden[i] = experts[i].layers[layer_idx].finish(hidden[i], chunk, gates[i], conds[i])
+        hidden = dict(zip(active, hidden))
+        conds = dict(zip(active, conds))
+        experts = self.experts
         outputs: list[torch.Tensor | None] = [None] * len(inputs_embeds)
         for i in active:
             outputs[i] = apply_norm(experts[i].norm, hidden[i], conds[i])[0]  # final_norm_1's gate is unused
         return outputs, (new_cache if return_kv_cache else None)
+
+    def _layer(self, layer_idx: int, active: tuple[int, ...], hidden: tuple[torch.Tensor, ...],
+               conds: tuple[torch.Tensor | None, ...], attn_mask: torch.Tensor, positions: torch.Tensor,
+               past: tuple[torch.Tensor, torch.Tensor] | None
+               ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+        """One joint layer: per-expert hidden (B, T_i, D_i) -> new hidden, and this layer's k, v (B, T, K, H) after
+        RoPE (for the KV cache). ``past``: the cached prefix k, v of this layer, attended to before the new tokens."""
+        experts = self.experts
+        qs, ks, vs, gates = [], [], [], []
+        for i, h, c in zip(active, hidden, conds):
+            layer = experts[i].layers[layer_idx]
+            normed, gate = apply_norm(layer.input_layernorm, h, c)
+            q, k, v = layer.self_attn.qkv(normed)
+            qs.append(q), ks.append(k), vs.append(v), gates.append(gate)
+        q, k, v = torch.cat(qs, 1), torch.cat(ks, 1), torch.cat(vs, 1)  # (B, T, N|K, H)
+        # as in openpi gemma.py Attention: RoPE on q and k, then q *= head_dim**-0.5.
+        q = apply_rope(q, positions) * torch.tensor(q.shape[-1] ** -0.5, dtype=q.dtype)
+        k = apply_rope(k, positions)
+        k_all, v_all = k, v
+        if past is not None:
+            k_all, v_all = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+        out = attention(q, k_all, v_all, attn_mask, self.cfg.attn_implementation)  # (B, T, N, H)
+        lengths = [h.shape[1] for h in hidden]
+        new = tuple(experts[i].layers[layer_idx].finish(h, chunk, gate, c)
+                    for i, h, chunk, gate, c in zip(active, hidden, torch.split(out, lengths, dim=1), gates, conds))
+        return new, k, v

@@ -27,7 +27,7 @@ _FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_tim
                "time_mlp_in.", "time_mlp_out.", "optimality_embedding")
 
 
-TRAINABLE = ("all", "expert")  # PI0Model.set_trainable
+TRAINABLE = ("all", "expert", "lora")  # PI0Model.set_trainable
 
 
 def _is_fp32_param(name: str) -> bool:
@@ -71,13 +71,27 @@ class PI0Model(nn.Module):
         self.apply_precision()
 
     def set_trainable(self, mode: str = "all") -> "PI0Model":
-        """Which parameters train: "all", or "expert" (SigLIP and the VLM frozen, as RLinf's train_expert_only: the
-        prefix then runs without gradient and the action expert, the projections and the time MLP train)."""
+        """Which parameters train: "all"; "expert" (SigLIP and the VLM frozen, as RLinf's train_expert_only: the
+        prefix then runs without gradient and the action expert, the projections and the time MLP train); "lora"
+        (LoRA adapters on both Gemmas, ``pi0.models.lora.apply_lora`` with openpi's ranks unless applied already,
+        + the projections and the time MLP; every base weight frozen)."""
         if mode not in TRAINABLE:
             raise ValueError(f"trainable must be one of {TRAINABLE}, got {mode!r}")
         self.requires_grad_(True)
         if mode == "expert":
             self.paligemma_with_expert.paligemma.requires_grad_(False)
+        elif mode == "lora":
+            from pi0.models.lora import apply_lora, has_lora, is_lora_param
+            if not has_lora(self):
+                apply_lora(self)
+            for name, p in self.paligemma_with_expert.named_parameters():
+                p.requires_grad_(is_lora_param(name))
+        return self
+
+    def set_gradient_checkpointing(self, on: bool = True) -> "PI0Model":
+        """Recompute each SigLIP and Gemma layer in backward instead of keeping its activations (training memory)."""
+        self.paligemma_with_expert.gradient_checkpointing = bool(on)
+        self.paligemma_with_expert.paligemma.vision_tower.vision_model.gradient_checkpointing = bool(on)
         return self
 
     def enable_optimality_condition(self) -> "PI0Model":
@@ -89,6 +103,13 @@ class PI0Model(nn.Module):
         return self
 
     # ------------------------------------------------------------------ precision
+    def set_dtype(self, dtype: str) -> "PI0Model":
+        """Switch to "float32" or "bfloat16" (openpi's mixed precision: bf16 weights and activations, float32 norms
+        and heads) and cast the parameters."""
+        self.cfg = dataclasses.replace(self.cfg, dtype=dtype)
+        self.paligemma_with_expert.cfg = self.cfg
+        return self.apply_precision()
+
     def apply_precision(self) -> "PI0Model":
         """Cast parameters for ``cfg.dtype``: all float32, or bf16 except norms / patch / position embeddings."""
         if self.cfg.dtype == "float32":

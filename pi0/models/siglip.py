@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pi0.models.config import SiglipConfig
 
@@ -95,12 +96,16 @@ class SiglipVisionTransformer(nn.Module):
         self.encoder = nn.Module()
         self.encoder.layers = nn.ModuleList([SiglipEncoderLayer(cfg) for _ in range(cfg.depth)])
         self.post_layernorm = nn.LayerNorm(cfg.width, eps=LAYER_NORM_EPS)
+        self.gradient_checkpointing = False  # training memory: recompute each layer in backward
 
     def forward(self, pixels: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
         """(B, 3, S, S) -> (B, P, W) in ``compute_dtype``."""
         x = self.embeddings(pixels).to(compute_dtype)
         for layer in self.encoder.layers:
-            x = layer(x)
+            if self.gradient_checkpointing and torch.is_grad_enabled():  # recompute in backward (training memory)
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return _layer_norm(self.post_layernorm, x)
 
 

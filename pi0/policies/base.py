@@ -49,14 +49,16 @@ class PretrainedPolicy:
         """Write the policy directory; tensors are cast and written one at a time (no second model copy).
 
         ``dtype`` ("float32" | "bfloat16") re-types the saved weights; openpi's float32 parameters (norms,
-        patch / position embeddings, pi0's small heads) stay float32 (``param_storage_dtype``).
+        patch / position embeddings, pi0's small heads) stay float32 (``param_storage_dtype``). LoRA adapters are
+        merged into their base weights (``pi0.models.lora.save_adapters`` writes the adapters alone).
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         cfg = self.config
         if dtype is not None and dtype != cfg.model.dtype:
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
-        state = self.model.state_dict()
+        from pi0.models.lora import merged_state_dict
+        state = merged_state_dict(self.model)  # LoRA adapters (if any) merged: a plain checkpoint
         specs = {f"model.{k}": (param_storage_dtype(k, cfg.model.dtype), tuple(t.shape)) for k, t in state.items()}
         with checkpoint_io.SafetensorsWriter(directory / "model.safetensors", specs) as writer:
             for k, t in state.items():

@@ -39,7 +39,9 @@ class RLConfig:
 
     iterations: int = 10
     objective: str = "ppo"  # "ppo" | "cfg" (module docstring)
-    trainable: str = "all"  # "all" | "expert" (PI0Model.set_trainable)
+    trainable: str = "all"  # "all" | "expert" | "lora" (PI0Model.set_trainable)
+    checkpointing: bool = False  # recompute each transformer layer in backward (activation memory)
+    precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
     noise_level: float = 0.5  # ppo: Flow-SDE noise level (pi0.models.flow_sde)
     clip: float = 0.2  # ppo: ratio clip
     num_groups: int = 4  # B init states per iteration
@@ -80,6 +82,9 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
     return CFGObjective(policy, cfg.p_uncond)
 
 
+PRECISIONS = ("float32", "bf16")
+
+
 class RIPTTrainer:
     """One RL run: the objective, the update and the rollout generator it builds from ``cfg``; :meth:`step` is one
     iteration. Under torchrun, ``info`` makes the update average over ranks, ``counter`` (iteration -> shared counter
@@ -91,7 +96,13 @@ class RIPTTrainer:
         self.policy, self.runner, self.cfg = policy, runner, cfg
         self.info = info or DistInfo()
         self.objective = build_objective(policy, cfg)
+        if cfg.precision not in PRECISIONS:
+            raise ValueError(f"algo.precision must be one of {PRECISIONS}, got {cfg.precision!r}")
+        if cfg.precision == "bf16" and policy.config.model.dtype != "bfloat16":
+            policy.model.set_dtype("bfloat16")
+            policy.config.model = policy.model.cfg
         policy.model.set_trainable(cfg.trainable)  # before the update collects the trainable parameters
+        policy.model.set_gradient_checkpointing(cfg.checkpointing)
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise

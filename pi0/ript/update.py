@@ -47,7 +47,13 @@ class PolicyUpdate:
             raise ValueError("epochs, minibatch_size and grad_accum_steps must be >= 1")
         self.info = info or DistInfo()
         self.params = [p for p in objective.policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, weight_decay=c.weight_decay)
+        if not self.params:
+            raise ValueError("the policy has no trainable parameters (PI0Model.set_trainable)")
+        # mixed precision: trainable parameters stored in bf16 get float32 master copies; AdamW (and its state) runs
+        # on the masters, and each step writes them back rounded to bf16. Float32 parameters are their own masters.
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
+                        for p in self.params]
+        self.optimizer = torch.optim.AdamW(self.masters, lr=c.lr, weight_decay=c.weight_decay)
         self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
         self.rng = np.random.default_rng(seed)  # minibatch order
         self.num_skipped = 0  # optimizer steps skipped for a non-finite loss / gradient (lifetime)
@@ -61,14 +67,36 @@ class PolicyUpdate:
             dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
         return t
 
+    def _reduce_grads(self, used: int) -> float:
+        """Sum the gradients and the minibatch count over ranks (one flat all-reduce; nothing on one process), put
+        grad / count on the float32 masters -> the global minibatch count."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.info.enabled:
+            flat = torch.cat([g.reshape(-1).float() for g in grads]
+                             + [torch.tensor([float(used)], device=self.params[0].device)])
+            self._allreduce(flat)
+            total = float(flat[-1])
+            grads = list(torch.split(flat[:-1], [p.numel() for p in self.params]))
+        else:
+            total = float(used)
+        for p, m, g in zip(self.params, self.masters, grads):
+            m.grad = (g.view_as(p).float() / total) if total else None
+            if m is not p:
+                p.grad = None  # the bf16 gradient is spent
+        return total
+
     def _apply(self) -> bool:
-        """Clip and step; False (grads zeroed) when the gradient norm is non-finite."""
+        """Clip and step (on the float32 masters); False (grads zeroed) when the gradient norm is non-finite."""
         c = self.config
-        norm = torch.nn.utils.clip_grad_norm_(self.params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.masters, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return False
         self.optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                if m is not p:
+                    p.copy_(m)  # rounded to the parameter's bf16
         return True
 
     def step(self, windows: Sequence[Window], max_steps: int | None = None) -> dict[str, float]:
@@ -95,6 +123,8 @@ class PolicyUpdate:
         steps = skipped = 0
         for s in range(n_steps):
             self.optimizer.zero_grad(set_to_none=False)
+            for p in self.params:
+                p.grad = None
             mine = mbs[s * c.grad_accum_steps: (s + 1) * c.grad_accum_steps]
             used = 0
             for mb in mine:
@@ -105,24 +135,16 @@ class PolicyUpdate:
                     sums.setdefault(k, []).append(v)
                 loss.backward()
                 used += 1
-            # one flat all-reduce of every gradient + the minibatch count (a no-op on one process)
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                              for p in self.params]
-                             + [torch.tensor([float(used)], device=self.params[0].device)])
-            self._allreduce(flat)
-            total = float(flat[-1])
+            total = self._reduce_grads(used)  # averaged over every rank's minibatches, onto the masters
             if total == 0:  # every rank's minibatches were empty / non-finite: nothing to apply
                 skipped += int(bool(mine))
                 continue
-            off = 0
-            for p in self.params:
-                n = p.numel()
-                p.grad = (flat[off: off + n] / total).view_as(p).to(p.dtype).clone()
-                off += n
             ok = self._apply()
             steps += int(ok)
             skipped += int(not ok)
         self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
         model.train(was_training)
         self.num_skipped += skipped
         out = {k: float(np.mean(v)) for k, v in sums.items()}

@@ -73,6 +73,36 @@ def arena_runner(num_envs: int, replan_steps: int, resolution: int = 64, max_ste
                                                   max_steps=max_steps))
 
 
+ENVS = ("arena", "metaworld")
+
+
+def env_runner(env: str, num_envs: int, replan_steps: int, resolution: int = 64, max_steps: int | None = None,
+               num_init_states: int = 200, expert_horizon: int = 0) -> RolloutRunner:
+    """The runner of a benchmark env: the arena in process (cheap; keeps the policy batches large), MetaWorld in
+    subprocess workers (MuJoCo). ``expert_horizon`` > 0: MetaWorld observations carry the expert's chunks."""
+    if env == "arena":
+        return arena_runner(num_envs, replan_steps, resolution, max_steps, num_init_states)
+    if env != "metaworld":
+        raise ValueError(f"env must be one of {ENVS}, got {env!r}")
+    import os
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    extra = {"expert_chunks": True, "expert_horizon": expert_horizon} if expert_horizon else {}
+    spec = make_env_spec("metaworld", resolution=resolution, num_init_states=num_init_states, **extra)
+    return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, max_steps=max_steps))
+
+
+def expert_demos(env: str, demo_states: Sequence[tuple[int, int]], horizon: int, replan_steps: int,
+                 resolution: int = 64, seed: int = 0) -> list[tuple[Episode, np.ndarray]]:
+    """Scripted-expert episodes on ``demo_states`` + the expert chunks (D, H, 7) at their decision points."""
+    if env == "arena":
+        return arena_expert_demos(demo_states, horizon, replan_steps, resolution, seed=seed)
+    from pi0.envs.metaworld_env import metaworld_expert_demos
+    with env_runner(env, 2, replan_steps, resolution, num_init_states=init_states_for(demo_states),
+                    expert_horizon=horizon) as runner:
+        return metaworld_expert_demos(runner, list(demo_states), horizon)
+
+
 def init_states_for(states: Sequence[tuple[int, int]]) -> int:
     """Arena init states a runner needs to serve ``states`` (at least the default 200)."""
     return max(200, 1 + max(i for _, i in states))
@@ -141,10 +171,11 @@ class Plateau:
 
 
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
-                   opt_cfg: OptimizerConfig, stop: Plateau | None = None) -> str:
+                   opt_cfg: OptimizerConfig, stop: Plateau | None = None, env: str = "arena") -> str:
     """Cache key of a warm-started checkpoint."""
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg),
-                       asdict(stop) if stop else None, "v2-all-dims"], sort_keys=True)
+                       asdict(stop) if stop else None, "v2-all-dims"] + ([env] if env != "arena" else []),
+                      sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -179,16 +210,16 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
 
 def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
                       opt_cfg: OptimizerConfig, cache_dir: Path | None = None, resolution: int = 64,
-                      stop: Plateau | None = None) -> tuple[PI0Policy, list[Window], Path]:
+                      stop: Plateau | None = None, env: str = "arena") -> tuple[PI0Policy, list[Window], Path]:
     """SFT'd tiny policy + its demo windows, computed once and cached under ``<cache>/ript_warm_start/<key>``.
 
     ``sft_steps`` SFT steps, or (with ``stop``) until validation success plateaus, at most ``sft_steps``;
     ``<key>/warm_start.json`` records the validation curve, the steps and the plateau (best validation success).
     """
     root = (cache_dir or default_cache_dir()) / "ript_warm_start" / warm_start_key(cfg, demo_states, sft_steps,
-                                                                                  opt_cfg, stop)
+                                                                                  opt_cfg, stop, env)
     torch.manual_seed(cfg.seed)
-    demos = arena_expert_demos(demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, seed=cfg.seed)
+    demos = expert_demos(env, demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, seed=cfg.seed)
     if (root / "model.safetensors").is_file():
         policy = PI0Policy.from_pretrained(root)
         return policy, demo_windows(policy, demos), root
@@ -199,14 +230,14 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     if stop is None:
         sft(policy, windows, opt_cfg, steps=sft_steps, seed=cfg.seed)
     else:
-        with arena_runner(min(50, len(stop.val_states)), cfg.n_action_steps, resolution,
-                          num_init_states=init_states_for(stop.val_states)) as val_runner:
+        with env_runner(env, min(50 if env == "arena" else 4, len(stop.val_states)), cfg.n_action_steps, resolution,
+                        num_init_states=init_states_for(stop.val_states)) as val_runner:
             curve = sft_to_plateau(policy, windows, opt_cfg, sft_steps, stop, val_runner, seed=cfg.seed)
     best = max(curve, key=lambda c: c["val_success"]) if curve else None
     tmp = root.with_name(root.name + ".tmp")
     policy.save_pretrained(tmp)
     (tmp / "warm_start.json").write_text(json.dumps({
-        "config": asdict(cfg), "demos": len(demo_states), "sft_steps_max": sft_steps,
+        "config": asdict(cfg), "env": env, "demos": len(demo_states), "sft_steps_max": sft_steps,
         "stop": asdict(stop) if stop else None, "curve": curve, "seconds": time.perf_counter() - t0,
         "steps": best["steps"] if best else sft_steps, "plateau": best["val_success"] if best else None}))
     tmp.rename(root)

@@ -25,10 +25,10 @@ from pi0.errors import UserError, require_path
 from pi0.models.pi0 import TRAINABLE
 from pi0.rollout.config import RunnerConfig
 from pi0.ript.objectives import OBJECTIVES
-from pi0.ript.trainer import RLConfig
+from pi0.ript.trainer import PRECISIONS, RLConfig
 
 PRESET_DIR = Path(__file__).parent
-ENVS = ("arena", "libero")
+ENVS = ("arena", "libero", "metaworld")
 BACKENDS = ("auto", "nccl", "gloo")
 COUNTERS = ("file", "store")
 
@@ -37,14 +37,15 @@ COUNTERS = ("file", "store")
 class TaskConfig:
     """What to train on and from which weights."""
 
-    env: str = "arena"  # "arena" (built-in, CPU-cheap) | "libero"
+    env: str = "arena"  # "arena" (built-in, CPU-cheap) | "libero" | "metaworld" (MT10; pi0/envs/metaworld_env.py)
     suite: str = "libero_spatial"  # LIBERO suite (env=libero)
     task_ids: list[int] = field(default_factory=lambda: [4])
-    checkpoint: str = ""  # PI0Policy directory; "" = tiny arena warm start (cached under runs/) / tiny random pi0
+    checkpoint: str = ""  # PI0Policy directory; "" = tiny warm start on scripted demos (arena, MetaWorld; cached
+    # under runs/) / tiny random pi0 (LIBERO)
     train_states: int = 40  # training init states per task: 0..n-1
     eval_start: int = 40  # held-out init states eval_start..eval_start+eval_states-1
     eval_states: int = 10
-    warm_start_demos: int = 10  # expert demos per task for the tiny arena warm start
+    warm_start_demos: int = 10  # scripted-expert demos per task for the tiny warm start (arena, MetaWorld)
     warm_start_steps: int = 300  # most SFT steps of the warm start (0: start from the random tiny pi0)
     # > 0: a converged start: SFT until success on the validation init states
     # train_states..train_states+warm_start_val_states-1 has not improved for this many checks, every
@@ -61,8 +62,8 @@ class EnvConfig:
     # The runner's use_subprocess, schedule and group_size are set from ``features`` (see DERIVED); a YAML that sets
     # them is refused with the key to set instead. Under the RIPT-VLA layout num_envs defaults to num_groups x K.
     runner: RunnerConfig = field(default_factory=lambda: RunnerConfig(num_envs=8, use_subprocess=False))
-    resolution: int = 64  # arena render size
-    num_init_states: int = 200  # arena init states per task
+    resolution: int = 64  # render size of the arena and MetaWorld cameras
+    num_init_states: int = 200  # arena / MetaWorld init states per task
 
 
 @dataclass
@@ -137,6 +138,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.group_size": (lambda v: v >= 2, ">= 2 (RLOO needs two rollouts per state)"),
     "algo.objective": (lambda v: v in OBJECTIVES, f"one of {OBJECTIVES}"),
     "algo.trainable": (lambda v: v in TRAINABLE, f"one of {TRAINABLE}"),
+    "algo.precision": (lambda v: v in PRECISIONS, f"one of {PRECISIONS}"),
     "algo.noise_level": (lambda v: v > 0.0, "> 0 (the Flow-SDE noise level a; RLinf uses 0.3-0.5)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
@@ -211,7 +213,13 @@ def _check_tasks(cfg: TrainConfig) -> None:
                         f"{t.train_states + t.warm_start_val_states - 1}, which overlap the held-out ones from "
                         f"task.eval_start={t.eval_start}; set task.eval_start >= task.train_states + "
                         "task.warm_start_val_states")
-    if t.env == "arena":
+    if t.env == "metaworld":
+        from pi0.envs.metaworld_env import MT10_TASKS
+        bad = [i for i in t.task_ids if not 0 <= i < len(MT10_TASKS)]
+        if bad:
+            raise UserError(f"task.task_ids: unknown MetaWorld task id(s) {bad}; valid MT10 ids are "
+                            f"0..{len(MT10_TASKS) - 1}")
+    elif t.env == "arena":
         from pi0.envs.arena import TASKS
         bad = [i for i in t.task_ids if not 0 <= i < len(TASKS)]
         if bad:

@@ -56,6 +56,8 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
         return tiny_policy().to(info.device)
     from pi0.ript.warm_start import Plateau, TinyArenaConfig, cached_warm_start
 
+    tiny = TinyArenaConfig(max_token_len=32) if t.env == "metaworld" else TinyArenaConfig()  # MT10's longer prompts
+
     demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
     stop = None
     if t.warm_start_patience > 0:
@@ -65,17 +67,20 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
     policy = None
     for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
         if info.is_main == turn:
-            policy, _, _ = cached_warm_start(TinyArenaConfig(), demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
-                                             cache_dir=cache, resolution=cfg.env.resolution, stop=stop)
+            policy, _, _ = cached_warm_start(tiny, demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
+                                             cache_dir=cache, resolution=cfg.env.resolution, stop=stop, env=t.env)
         barrier(info)
     return policy.to(info.device)
 
 
 def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
-    """The runner the config describes (arena or LIBERO env spec + ``env.runner``)."""
+    """The runner the config describes (arena, MetaWorld or LIBERO env spec + ``env.runner``)."""
     rc = cfg.env.runner.replace(record_video=record_video) if record_video else cfg.env.runner
-    if cfg.task.env == "arena":
-        spec = make_env_spec("arena", resolution=cfg.env.resolution, num_init_states=cfg.env.num_init_states)
+    if cfg.task.env in ("arena", "metaworld"):
+        import os
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+        spec = make_env_spec(cfg.task.env, resolution=cfg.env.resolution, num_init_states=cfg.env.num_init_states)
     else:
         import os
         os.environ.setdefault("MUJOCO_GL", "egl")
