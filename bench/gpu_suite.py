@@ -12,7 +12,8 @@ never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one
    2 cameras, 10 steps, batch 1 and 8:
    eager KV-cached, FastSampler, ``torch.compile`` and CUDA graphs (``bench/sampling.py``), with the roofline ratio
    (measured time over the time to read the weights once per call at the measured copy bandwidth).
-3. ``train_memory``: ``bench/train_memory.py --device cuda`` for each trainable mode, once that bench exists.
+3. ``train_memory``: ``bench/train_memory.py --device cuda --minibatch 8``: one full-size RL update step per
+   trainable mode (expert, lora, all), checkpointing on: ``torch.cuda.max_memory_allocated``.
 4. ``eval_1env`` / ``eval_Nenv``: evaluation throughput, tiny policy on the GPU, subprocess envs on the host
    cores (``scripts/6_batched_rollouts.py``): episodes per minute with N envs against 1. LIBERO when it is
    installed, else the arena (the row says which).
@@ -131,7 +132,9 @@ def step_train_memory(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     """bench/train_memory.py per trainable mode, when the bench exists."""
     if not (REPO / "bench" / "train_memory.py").is_file():
         return {"status": "absent: bench/train_memory.py is not built yet"}
-    args = ["--config", "ci", "--device", "cpu"] if a.dry_run else ["--device", "cuda"]
+    args = (["--config", "ci", "--device", "cpu", "--modes", "expert", "lora", "--checkpointing", "on", "--threads", "1"]
+            if a.dry_run else ["--device", "cuda", "--minibatch", "8", "--checkpointing", "on"])
+    args += ["--work", str(out / "train_memory_work")]
     rc, text, sec = run([sys.executable, "bench/train_memory.py", *args], a.budget("train_memory"),
                         out / "train_memory.log")
     last = text.strip().splitlines()[-1] if text.strip() else ""
@@ -194,7 +197,7 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
 }
 # seconds each step may take (sum 500 s: within the lent machine's 10-minute command limit and CI's test
 # timeout alike)
-BUDGETS = {"cuda_tests": 90, "sampling_b1": 80, "sampling_b8": 80, "sampling_pi05_b1": 60, "train_memory": 70,
+BUDGETS = {"cuda_tests": 80, "sampling_b1": 65, "sampling_b8": 65, "sampling_pi05_b1": 50, "train_memory": 120,
            "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40}
 
 

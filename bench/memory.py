@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,12 +29,20 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
 
-def vm_status(field: str) -> int:
-    """Bytes of a /proc/self/status field (VmRSS, VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
+def _load_memory_utils():
+    """``pi0/utils/memory.py`` of THIS checkout, loaded by path: a step run with ``--code`` must import the other
+    checkout's ``pi0`` package, so this one is not put on ``sys.path``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_pi0_memory_utils", REPO / "pi0" / "utils" / "memory.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_mem = _load_memory_utils()
+run_watched, vm_status = _mem.run_watched, _mem.vm_status
 
 
 def ci_config(pi05: bool = False):
@@ -104,29 +111,17 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str
 # ---------------------------------------------------------------------------------------------- driver (parent side)
 def run_step(name: str, args: argparse.Namespace, dtype: str) -> dict:
     """Run ``name`` in a fresh subprocess under a watchdog -> its measurements (or a 'killed' record)."""
-    import psutil
-
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.code if name != "write" else str(REPO),
                                                       os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--_step", name, "--work", str(args.work), "--config", args.config,
            "--dtypes", dtype, "--stored_dtype", args.stored_dtype, "--model", args.model]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    ps, polled, t0 = psutil.Process(proc.pid), 0, time.perf_counter()
-    while proc.poll() is None:
-        try:
-            polled = max(polled, ps.memory_info().rss)
-        except psutil.Error:
-            pass
-        if polled > args.limit_gb * GIB:
-            proc.kill()
-            proc.wait()
-            return {"step": name, "dtype": dtype, "killed": True, "peak_rss": polled,
-                    "seconds": round(time.perf_counter() - t0, 1)}
-        time.sleep(0.05)
-    lines = [ln for ln in proc.stdout.read().splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"step {name} ({dtype}) failed with exit code {proc.returncode}")
-    return {**json.loads(lines[-1]), "polled_rss": polled}
+    r = run_watched(cmd, args.limit_gb * GIB, env=env)
+    if r.killed:
+        return {"step": name, "dtype": dtype, "killed": True, "peak_rss": r.polled_rss, "seconds": r.seconds}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"step {name} ({dtype}) failed with exit code {r.returncode}")
+    return {**json.loads(lines[-1]), "polled_rss": r.polled_rss}
 
 
 def main() -> None:

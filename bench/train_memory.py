@@ -30,13 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
 
-def vm_hwm() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise KeyError("VmHWM")
-
-
 def child(args: argparse.Namespace) -> dict:
     """One update step in this fresh process -> its measurements."""
     import numpy as np
@@ -46,6 +39,7 @@ def child(args: argparse.Namespace) -> dict:
     from pi0.modeling_pi0 import PI0Policy
     from pi0.ript.objectives import PPOObjective
     from pi0.ript.update import OptimizerConfig, PolicyUpdate
+    from pi0.utils.memory import vm_status
 
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
@@ -74,7 +68,7 @@ def child(args: argparse.Namespace) -> dict:
     st = upd.step(windows)
     sec = time.perf_counter() - t0
     out = {"mode": args.mode, "checkpointing": args.checkpointing, "device": args.device, "minibatch": b,
-           "trainable_params": n_train, "step_s": round(sec, 1), "steps": st["steps"], "peak_rss": vm_hwm()}
+           "trainable_params": n_train, "step_s": round(sec, 1), "steps": st["steps"], "peak_rss": vm_status("VmHWM")}
     if dev.type == "cuda":
         out["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
     return out
@@ -87,26 +81,17 @@ def estimate(mode: str, n_train: int, total: int) -> float:
 
 def run(args: argparse.Namespace, mode: str, ck: str) -> dict:
     """``mode`` in a fresh subprocess under a watchdog -> its record (or a 'killed' one)."""
-    import psutil
+    sys.path.insert(0, str(REPO))
+    from pi0.utils.memory import run_watched
 
     cmd = [sys.executable, __file__, "--_child", "--mode", mode, "--checkpointing", ck, "--work", args.work,
            "--device", args.device, "--minibatch", str(args.minibatch), "--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    ps, polled, t0 = psutil.Process(proc.pid), 0, time.perf_counter()
-    while proc.poll() is None:
-        try:
-            polled = max(polled, ps.memory_info().rss)
-        except psutil.Error:
-            pass
-        if args.device == "cpu" and polled > args.limit_gb * GIB:
-            proc.kill()
-            proc.wait()
-            return {"mode": mode, "checkpointing": ck, "killed": True, "peak_rss": polled,
-                    "seconds": round(time.perf_counter() - t0, 1)}
-        time.sleep(0.05)
-    lines = [ln for ln in proc.stdout.read().splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{mode} (checkpointing {ck}) failed with exit code {proc.returncode}")
+    r = run_watched(cmd, args.limit_gb * GIB if args.device == "cpu" else None)
+    if r.killed:
+        return {"mode": mode, "checkpointing": ck, "killed": True, "peak_rss": r.polled_rss, "seconds": r.seconds}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"{mode} (checkpointing {ck}) failed with exit code {r.returncode}")
     return json.loads(lines[-1])
 
 

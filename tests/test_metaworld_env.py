@@ -12,15 +12,16 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 from pi0.envs import CAMERA_KEYS, make_env_spec  # noqa: E402
-from pi0.envs.metaworld_env import MT10_TASKS, metaworld_expert_demos  # noqa: E402
+from pi0.envs.metaworld_env import MT10_TASKS  # noqa: E402
 from pi0.rollout import RolloutRunner, RunnerConfig  # noqa: E402
+from pi0.rollout.policies import collect_metaworld_demos  # noqa: E402
 from pi0.transforms import libero_client_obs  # noqa: E402
 
 
 def test_expert_episodes_of_two_tasks_succeed_in_subprocess_workers_with_images():
     spec = make_env_spec("metaworld", expert_chunks=True, expert_horizon=10, resolution=64)
     with RolloutRunner(spec, None, RunnerConfig(num_envs=2, replan_steps=5, use_subprocess=True)) as runner:
-        demos = metaworld_expert_demos(runner, [(2, 0), (6, 1)], horizon=10)
+        demos = collect_metaworld_demos(runner, [(2, 0), (6, 1)], horizon=10)
     for (ep, chunks), tid in zip(demos, (2, 6)):
         assert ep.success and ep.task_id == tid and ep.prompt == MT10_TASKS[tid][1]
         assert chunks.shape == (len(ep.decisions), 10, 7) and np.all(chunks[..., 3:6] == 0)

@@ -29,7 +29,7 @@ def test_env_specs_and_suite_table():
         "libero-10-v0", {"task_id": 3, "render_on_demand": True, "resolution": 64})
     with pytest.raises(ValueError, match="libero_spatial, libero_object"):
         libero_env_spec("libero_100")
-    with pytest.raises(ValueError, match="'libero' or 'arena'"):
+    with pytest.raises(ValueError, match="'libero', 'arena' or 'metaworld'"):
         make_env_spec("mujoco")
     assert SUITE_MAX_STEPS == {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
                                "libero_90": 400}
@@ -86,7 +86,7 @@ def test_imports_flow_one_way():
         used = {m.group(2) for m in pattern.finditer(path.read_text())}
         rl_entry = re.match(r"(7|8|9|10|11)_\w+\.py$", rel) or rel in ("quick_single_gpu_test.py",
                                                                          "bench/rl_improvement.py",
-                                                                         "bench/self_training.py")
+                                                                         "bench/train_memory.py")
         if not rel.startswith("pi0/ript/") and not rl_entry:  # the RL stages / tools are pi0.ript's entry points
             assert "ript" not in used, rel
         if rel.startswith("pi0/envs/"):

@@ -15,7 +15,7 @@ policy I/O and the warm start need no MetaWorld-specific path):
   0, 1, 2 and 6 (the rotation dims are ignored, and a policy learns to leave them at 0).
 - Success: MetaWorld's own ``info["success"]``, latched; ``max_steps`` per episode (default 200 of MetaWorld's 500).
 - ``expert_chunks=True``: every observation also carries ``expert_chunk`` (H, 7), the task's scripted expert rolled
-  ``expert_horizon`` steps ahead from the current simulator state (state saved and restored), for demonstrations.
+  ``expert_horizon`` steps ahead from the current simulator state (state saved and restored), for demonstrations (``pi0.rollout.policies.collect_metaworld_demos``).
 """
 
 from __future__ import annotations
@@ -243,18 +243,4 @@ class MetaWorldEnv(gym.Env):
         self._close_sim()
 
 
-def metaworld_expert_demos(runner: Any, states: list[tuple[int, int]], horizon: int) -> list[tuple[Any, np.ndarray]]:
-    """Scripted-expert episodes on ``states`` (a runner over ``make_env_spec("metaworld", expert_chunks=True,
-    expert_horizon=horizon)``) + the expert chunks (D, H, 7) at every decision point: the warm start's demos."""
-    from pi0.rollout.types import PolicyOutput
-
-    class _Expert:  # executes the chunk the env computed for this observation
-        def predict_chunks(self, obs: list[dict], prompts: list[str]) -> PolicyOutput:
-            return PolicyOutput(actions=np.stack([o["expert_chunk"] for o in obs]) if obs
-                                else np.zeros((0, horizon, 7)))
-
-    episodes = runner.run(list(states), group_size=1, policy=_Expert())
-    return [(e, np.stack([d.obs["expert_chunk"] for d in e.decisions])) for e in episodes]
-
-
-__all__ = ["MT10_TASKS", "MetaWorldEnv", "expert_policy", "metaworld_expert_demos"]
+__all__ = ["MT10_TASKS", "MetaWorldEnv", "expert_policy"]

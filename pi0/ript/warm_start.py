@@ -97,10 +97,10 @@ def expert_demos(env: str, demo_states: Sequence[tuple[int, int]], horizon: int,
     """Scripted-expert episodes on ``demo_states`` + the expert chunks (D, H, 7) at their decision points."""
     if env == "arena":
         return arena_expert_demos(demo_states, horizon, replan_steps, resolution, seed=seed)
-    from pi0.envs.metaworld_env import metaworld_expert_demos
+    from pi0.rollout.policies import collect_metaworld_demos
     with env_runner(env, 2, replan_steps, resolution, num_init_states=init_states_for(demo_states),
                     expert_horizon=horizon) as runner:
-        return metaworld_expert_demos(runner, list(demo_states), horizon)
+        return collect_metaworld_demos(runner, list(demo_states), horizon)
 
 
 def init_states_for(states: Sequence[tuple[int, int]]) -> int:

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from pi0.rollout.runner import RolloutRunner
     from pi0.rollout.types import Episode
 
-__all__ = ["ArenaExpertPolicy", "LatencyPolicy", "RandomChunkPolicy", "ZeroChunkPolicy", "collect_expert_demos"]
+__all__ = ["ArenaExpertPolicy", "EnvExpertPolicy", "LatencyPolicy", "RandomChunkPolicy", "ZeroChunkPolicy",
+           "collect_expert_demos", "collect_metaworld_demos"]
 
 
 class RandomChunkPolicy:
@@ -103,6 +104,29 @@ def collect_expert_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]
     expert = ArenaExpert(aim_error=aim_error, seed=seed)
     return [(e, np.stack([expert.predict_chunk(ArenaState.from_vector(d.obs["arena_state"]), horizon)
                           for d in e.decisions])) for e in episodes]
+
+
+class EnvExpertPolicy:
+    """Executes the expert chunk the env computed for each observation (``obs["expert_chunk"]`` (H, 7); MetaWorld with
+    ``expert_chunks=True``)."""
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon = int(horizon)
+
+    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
+        """``(n, H, 7)`` expert chunks."""
+        if obs and "expert_chunk" not in obs[0]:
+            raise ValueError("observations carry no expert_chunk: create the env with expert_chunks=True")
+        return PolicyOutput(actions=np.stack([o["expert_chunk"] for o in obs]) if obs
+                            else np.zeros((0, self.horizon, 7)))
+
+
+def collect_metaworld_demos(runner: RolloutRunner, states: Sequence[tuple[int, int]], horizon: int
+                            ) -> list[tuple[Episode, np.ndarray]]:
+    """MetaWorld scripted-expert episodes on ``states`` (a runner over ``make_env_spec("metaworld",
+    expert_chunks=True, expert_horizon=horizon)``) + the expert chunks (D, H, 7) at every decision point."""
+    episodes = runner.run(list(states), group_size=1, policy=EnvExpertPolicy(horizon))
+    return [(e, np.stack([d.obs["expert_chunk"] for d in e.decisions])) for e in episodes]
 
 
 class LatencyPolicy:
