@@ -132,7 +132,8 @@ def step_train_memory(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     """bench/train_memory.py per trainable mode, when the bench exists."""
     if not (REPO / "bench" / "train_memory.py").is_file():
         return {"status": "absent: bench/train_memory.py is not built yet"}
-    args = (["--config", "ci", "--device", "cpu", "--modes", "expert", "lora", "--checkpointing", "on", "--threads", "1"]
+    args = (["--config", "ci", "--device", "cpu", "--modes", "expert", "lora", "--checkpointing", "on",
+             "--threads", "1"]
             if a.dry_run else ["--device", "cuda", "--minibatch", "8", "--checkpointing", "on"])
     args += ["--work", str(out / "train_memory_work")]
     rc, text, sec = run([sys.executable, "bench/train_memory.py", *args], a.budget("train_memory"),

@@ -143,8 +143,8 @@ class RolloutGenerator:
     def state_dict(self) -> dict[str, Any]:
         """The sampler's position and the history (resume)."""
         h = self.history
-        return {"sampler_rng": self.sampler.rng.bit_generator.state, "sampler_order": [int(i) for i in self.sampler._order],
-                "history": h.to_json() if h is not None else None}
+        return {"sampler_rng": self.sampler.rng.bit_generator.state,
+                "sampler_order": [int(i) for i in self.sampler._order], "history": h.to_json() if h is not None else None}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""

@@ -1,6 +1,6 @@
 """One typed config tree for RL training (stages 7-11): OmegaConf structured dataclasses, validated at load.
 
-``TrainConfig`` has the sections ``algo`` (the RIPT-CFG settings: :class:`pi0.ript.trainer.RLConfig`, with its
+``TrainConfig`` has the sections ``algo`` (the RIPT settings: :class:`pi0.ript.trainer.RLConfig`, with its
 ``opt`` :class:`OptimizerConfig`), ``task`` (env / suite / task ids / checkpoint / init-state split), ``env`` (the
 rollout :class:`pi0.rollout.config.RunnerConfig` + arena settings), ``distributed``, ``features`` and ``logging``.
 :func:`load_config` merges a YAML file and ``key=value`` overrides onto the defaults and raises
