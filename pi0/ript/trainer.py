@@ -52,7 +52,7 @@ class RLConfig:
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
     eval_every: int = 1  # 0 = never
     eval_repeats: int = 1
-    opt: OptimizerConfig = field(default_factory=OptimizerConfig)
+    opt: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-5))  # RL steps are small (pi-RL, openpi)
     seed: int = 0
 
 
