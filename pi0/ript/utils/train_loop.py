@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import warnings
 from pathlib import Path
@@ -76,14 +77,11 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
 def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
     """The runner the config describes (arena, MetaWorld or LIBERO env spec + ``env.runner``)."""
     rc = cfg.env.runner.replace(record_video=record_video) if record_video else cfg.env.runner
+    os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering (as the Makefile exports) for the MuJoCo envs
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     if cfg.task.env in ("arena", "metaworld"):
-        import os
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
         spec = make_env_spec(cfg.task.env, resolution=cfg.env.resolution, num_init_states=cfg.env.num_init_states)
     else:
-        import os
-        os.environ.setdefault("MUJOCO_GL", "egl")
         spec = make_env_spec("libero", cfg.task.suite, cfg.task.task_ids[0])
     return RolloutRunner(spec, None, rc)
 
