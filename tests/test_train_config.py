@@ -201,9 +201,9 @@ def test_no_deadlock_when_one_rank_has_no_groups():
 
 def test_system_check_reports_pass_and_fix(tmp_path):
     ok = subprocess.run([sys.executable, "quick_single_gpu_test.py", "--config_path", "debug_train_pi0",
-                         "--skip_rollout", f"logging.out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-                        timeout=120)
+                         f"logging.out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "6/6 checks passed" in ok.stdout, ok.stdout + ok.stderr
+    assert "[PASS] rollout+update  2 rollouts of 10 steps + 1 update step(s)" in ok.stdout  # the real training code
     bad = subprocess.run([sys.executable, "quick_single_gpu_test.py", "--config_path", "debug_train_pi0",
                           f"task.checkpoint={tmp_path}", "device=cuda:7" if not torch.cuda.is_available() else
                           "device=cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -129,14 +129,14 @@ def check_rollout_and_update(cfg: TrainConfig) -> Check:
                                                               max_collect_attempts=1),
                                 env=dataclasses.replace(cfg.env, runner=cfg.env.runner.replace(
                                     num_envs=2, max_steps=10, schedule="greedy")),
-                                task=dataclasses.replace(cfg.task, eval_states=0,
+                                task=dataclasses.replace(cfg.task, eval_states=0, warm_start_patience=0,
                                                          warm_start_steps=min(cfg.task.warm_start_steps, 5)))
     t0 = time.perf_counter()
     try:
         info = DistInfo(device=cfg.device if cfg.device == "cpu" else "cuda:0")
-        policy, warm_windows = initial_policy(small, info)
+        policy = initial_policy(small, info)
         with build_runner(small) as runner:
-            st = build_trainer(small, info, policy, runner, warm_windows).step()
+            st = build_trainer(small, info, policy, runner, small.run_dir).step()
     except Exception as err:  # noqa: BLE001
         return Check("rollout+update", False, f"{type(err).__name__}: {err}",
                      "fix the failures above first; rerun with the traceback: python -X dev quick_single_gpu_test.py")
