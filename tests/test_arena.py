@@ -338,3 +338,13 @@ def test_aim_error_demos_are_mixed_quality_and_labelled_with_the_demonstrators_o
     for e, chunks in mixed:
         for d, chunk in zip(e.decisions, chunks):
             np.testing.assert_allclose(d.actions[d.valid], chunk[: d.valid.sum()])  # labels = what was executed
+
+
+def test_step_outcome_latches_success_and_renders_on_demand():
+    from pi0.envs.conventions import step_outcome
+    # (succeeded, latched, steps, max_steps, render, render_every, on_demand) -> (reward, latched, truncated, rendered)
+    assert step_outcome(True, False, 3, 10, None, 5, True) == (1.0, True, False, False)  # first success: reward 1
+    assert step_outcome(True, True, 5, 10, None, 5, True) == (0.0, True, False, True)  # latched: no second reward
+    assert step_outcome(False, True, 10, 10, False, 5, True) == (0.0, True, False, False)  # success is not truncation
+    assert step_outcome(False, False, 10, 10, True, 5, True) == (0.0, False, True, True)
+    assert step_outcome(False, False, 2, 10, False, 5, False) == (0.0, False, False, True)  # always renders

@@ -70,6 +70,20 @@ def check_libero_suite(suite: str) -> None:
         raise UserError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(LIBERO_SUITES)}")
 
 
+def step_outcome(succeeded: bool, latched: bool, steps: int, max_steps: int, render: bool | None,
+                 render_every: int, render_on_demand: bool) -> tuple[float, bool, bool, bool]:
+    """One control step's (reward, latched success = terminated, truncated, rendered), LiberoEnv's semantics:
+    reward 1.0 on the step that first succeeds; success latches; truncated when ``max_steps`` steps are used up
+    without success; images when ``render`` asks (default: every ``render_every`` steps), always when the env is not
+    rendering on demand."""
+    reward = 1.0 if succeeded and not latched else 0.0
+    latched = latched or succeeded
+    truncated = (not latched) and steps >= max_steps
+    if render is None:
+        render = steps % render_every == 0
+    return reward, latched, truncated, bool(render) or not render_on_demand
+
+
 @dataclass
 class EnvSpec:
     """Picklable env factory: ``gym.make(id, **kwargs, **overrides)`` after importing ``register_module``.

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from pi0.envs.conventions import CAMERA_KEYS, WAIT_ACTION
+from pi0.envs.conventions import CAMERA_KEYS, WAIT_ACTION, step_outcome
 
 # (MetaWorld env name, instruction): the MT10 benchmark's tasks
 MT10_TASKS: tuple[tuple[str, str], ...] = (
@@ -160,15 +160,10 @@ class MetaWorldEnv(gym.Env):
         self._raw, _, _, _, info = self._env.step(np.clip(a[[0, 1, 2, 6]], -1.0, 1.0).astype(np.float32))
         self._steps += 1
         self._images = None
-        reward = 0.0
-        if not self._success and bool(info["success"]):
-            self._success, reward = True, 1.0
-        terminated = self._success
-        truncated = (not terminated) and self._steps >= self.max_steps
-        if render is None:
-            render = self._steps % self.render_every == 0
-        rendered = bool(render) or not self.render_on_demand
-        return self.get_observation(render=rendered), reward, terminated, truncated, self._info(rendered)
+        reward, self._success, truncated, rendered = step_outcome(
+            bool(info["success"]), self._success, self._steps, self.max_steps, render, self.render_every,
+            self.render_on_demand)
+        return self.get_observation(render=rendered), reward, self._success, truncated, self._info(rendered)
 
     def _info(self, rendered: bool) -> dict[str, Any]:
         return {"success": self._success, "task": self.prompt, "task_id": self.task_id,

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from pi0.envs.conventions import CAMERA_KEYS, WAIT_ACTION, upright
+from pi0.envs.conventions import CAMERA_KEYS, WAIT_ACTION, step_outcome, upright
 from pi0.envs.arena.render import ArenaRenderer
 from pi0.envs.arena.world import (
     DEFAULT_NUM_INIT_STATES,
@@ -188,16 +188,10 @@ class ArenaEnv(gym.Env):
             raise ValueError(f"arena actions are (7,), got shape {action.shape}")
         arena_step(state, action)
         self._images = None
-        reward = 0.0
-        if not self._success and check_success(state):
-            self._success = True
-            reward = 1.0
-        terminated = self._success
-        truncated = (not terminated) and state.steps >= self.max_steps
-        if render is None:
-            render = state.steps % self.render_every == 0
-        rendered = bool(render) or not self.render_on_demand
-        return self.get_observation(render=rendered), reward, terminated, truncated, self._info(rendered)
+        reward, self._success, truncated, rendered = step_outcome(
+            not self._success and check_success(state), self._success, state.steps, self.max_steps, render,
+            self.render_every, self.render_on_demand)
+        return self.get_observation(render=rendered), reward, self._success, truncated, self._info(rendered)
 
     def _info(self, rendered: bool) -> dict[str, Any]:
         """Small info dict (LiberoEnv keys): latched success, ids, step counter, rendered flag."""
