@@ -31,6 +31,7 @@ from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.ript.utils.dist_utils import DistInfo
+from pi0.ript.warm_start import evaluate
 
 
 @dataclass
@@ -127,15 +128,8 @@ class RIPTTrainer:
 
     def evaluate(self, guidance: float | None = None, repeats: int | None = None) -> float:
         """Success rate on the held-out states with the deterministic sampler (the policy's w unless ``guidance``)."""
-        old = self.policy.config.cfg_guidance
-        if guidance is not None:
-            self.policy.config.cfg_guidance = float(guidance)
-        try:
-            eps = self.runner.run(self.eval_states, group_size=repeats or self.cfg.eval_repeats,
-                                  policy=Pi0ChunkPolicy(self.policy, torch.Generator().manual_seed(12345)))
-        finally:
-            self.policy.config.cfg_guidance = old
-        return float(np.mean([e.success for e in eps]))
+        return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=12345,
+                        guidance=guidance)
 
     def step(self) -> dict[str, float]:
         """One iteration (module docstring) -> its scalars."""
