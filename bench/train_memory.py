@@ -13,6 +13,9 @@ masters of the trainable weights). Modes (``PI0Model.set_trainable``): ``expert`
 prefix without gradient), ``lora`` (openpi's ranks on both Gemmas), ``all``. Reported per run: peak RSS (VmHWM of the
 process) on CPU, ``max_memory_allocated`` on CUDA, the step's seconds, the trainable parameter count; a watchdog kills
 a CPU run above ``--limit_gb`` and the table says so (with the estimate of weights + masters + AdamW state + grads).
+A second table gives the computed per-GPU state of ``all`` under FSDP2 (``algo.fsdp``, ``pi0.ript.utils.fsdp``) over
+N GPUs: float32 master shards, gradient shards and AdamW moments (16 bytes a parameter / N) plus the bf16 copies
+FSDP2 gathers (the root unit, held through the forward, and two transformer layers), activations not included.
 The last line is ``<mode>=<peak GiB> ...`` for the modes run with checkpointing on.
 """
 
@@ -79,6 +82,20 @@ def estimate(mode: str, n_train: int, total: int) -> float:
     return (2 * total + (4 + 8 + 4) * n_train) / GIB
 
 
+def fsdp_estimate(sizes: dict[str, int], n: int) -> float:
+    """GiB per rank of FSDP2 over ``n`` ranks (module docstring) from parameter counts per tensor name."""
+    layers: dict[str, int] = {}
+    root = 0
+    for k, c in sizes.items():
+        if ".layers." in k:
+            unit = k.split(".layers.")[0] + ".layers." + k.split(".layers.")[1].split(".")[0]
+            layers[unit] = layers.get(unit, 0) + c
+        else:
+            root += c
+    total = sum(sizes.values())
+    return (16 * total / n + 2 * root + 2 * 2 * max(layers.values())) / GIB
+
+
 def run(args: argparse.Namespace, mode: str, ck: str) -> dict:
     """``mode`` in a fresh subprocess under a watchdog -> its record (or a 'killed' one)."""
     sys.path.insert(0, str(REPO))
@@ -120,7 +137,8 @@ def main() -> None:
     ckpt_gib = (ckpt / "model.safetensors").stat().st_size / GIB
     from safetensors import safe_open
     with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-        total = sum(int(np_prod(f.get_slice(k).get_shape())) for k in f.keys())
+        sizes = {k: int(np_prod(f.get_slice(k).get_shape())) for k in f.keys()}
+    total = sum(sizes.values())
     rows = []
     for mode in args.modes:
         for ck in args.checkpointing:
@@ -140,6 +158,10 @@ def main() -> None:
         print(f"| {r['mode']} | {r['checkpointing']} | {'> ' if r.get('killed') else ''}{peak:.2f} | "
               f"{peak / ckpt_gib:.2f} | {r.get('step_s', '-')} | {n / 1e6 if n else 0:.0f} | {est} |")
     print(f"(bf16 checkpoint {ckpt_gib:.2f} GiB, {total / 1e9:.2f} B parameters; load average {os.getloadavg()})")
+    print("\n| all + FSDP2, GPUs | per-GPU params + grads + AdamW + gathered bf16 (GiB, computed, w/o activations) |"
+          "\n|---|---|")
+    for n in (1, 2, 4, 8):
+        print(f"| {n} | {fsdp_estimate(sizes, n):.1f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "checkpoint_gib": ckpt_gib, "params": total}, indent=1))
     last = [r for r in rows if r["checkpointing"] == "on"]

@@ -53,6 +53,24 @@ def test_init_states_are_deterministic_and_bad_input_is_refused():
         env.close()
 
 
+def test_fast_render_drops_shadows_only_and_the_bench_runner_uses_it():
+    from pi0.ript.warm_start import env_runner
+    full = make_env_spec("metaworld", task_id=2, resolution=64)().unwrapped
+    fast = make_env_spec("metaworld", task_id=2, resolution=64, fast_render=True)().unwrapped
+    try:
+        a = full.reset(options={"init_state_id": 3})[0]
+        b = fast.reset(options={"init_state_id": 3})[0]
+        scene = np.abs(a[CAMERA_KEYS[0]].astype(int) - b[CAMERA_KEYS[0]].astype(int))
+        assert b[CAMERA_KEYS[0]].shape == (64, 64, 3) and b[CAMERA_KEYS[0]].std() > 5
+        assert 0 < scene.mean() < 8 and scene.max() > 10  # the same scene, less the cast shadows
+        np.testing.assert_array_equal(a["metaworld_obs"], b["metaworld_obs"])  # rendering does not touch physics
+    finally:
+        full.close()
+        fast.close()
+    with env_runner("metaworld", 1, 5, num_init_states=10) as runner:
+        assert runner.env_factory.kwargs["fast_render"] is True
+
+
 def test_stage9_trains_on_metaworld_from_a_scripted_expert_warm_start(tmp_path):
     """The MetaWorld preset through the stage scripts' job: demos from MetaWorld's scripted experts (no arena-only
     path), SFT warm start, one LOOP iteration in subprocess workers, held-out evaluation."""

@@ -115,6 +115,17 @@ class GemmaDecoderLayer(nn.Module):
         self.post_attention_layernorm = make_norm(cfg.width, cond_dim)
         self.mlp = GemmaMLP(cfg)
 
+    def start(self, x: torch.Tensor, cond: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Residual stream x (B,T,D) -> q (B,T,N,H), k, v (B,T,K,H) of the normed input, and the norm's gate.
+
+        The joint attention of pi0 runs between :meth:`start` and :meth:`finish` (``PaliGemmaWithExpert._layer``);
+        under FSDP2 both are registered forward methods, so each gathers this layer's weights.
+        """
+        normed, gate = apply_norm(self.input_layernorm, x, cond)
+        q, k, v = self.self_attn.qkv(normed)
+        return q, k, v, gate
+
     def finish(self, x: torch.Tensor, attn_out: torch.Tensor, gate: torch.Tensor | None = None,
                cond: torch.Tensor | None = None) -> torch.Tensor:
         """Residual stream x (B,T,D) + attention output (B,T,N,H) -> block output (B,T,D).

@@ -132,9 +132,7 @@ class PaliGemmaWithExpert(nn.Module):
         experts = self.experts
         qs, ks, vs, gates = [], [], [], []
         for i, h, c in zip(active, hidden, conds):
-            layer = experts[i].layers[layer_idx]
-            normed, gate = apply_norm(layer.input_layernorm, h, c)
-            q, k, v = layer.self_attn.qkv(normed)
+            q, k, v, gate = experts[i].layers[layer_idx].start(h, c)
             qs.append(q), ks.append(k), vs.append(v), gates.append(gate)
         q, k, v = torch.cat(qs, 1), torch.cat(ks, 1), torch.cat(vs, 1)  # (B, T, N|K, H)
         # as in openpi gemma.py Attention: RoPE on q and k, then q *= head_dim**-0.5.

@@ -110,6 +110,13 @@ class PI0Model(nn.Module):
         self.paligemma_with_expert.cfg = self.cfg
         return self.apply_precision()
 
+    def set_compute_dtype(self, dtype: str) -> "PI0Model":
+        """Set the activation dtype ("float32" | "bfloat16") without casting the parameters (FSDP2 mixed precision
+        gathers float32 shards as bf16: ``pi0.ript.utils.fsdp``)."""
+        self.cfg = dataclasses.replace(self.cfg, dtype=dtype)
+        self.paligemma_with_expert.cfg = self.cfg
+        return self
+
     def apply_precision(self) -> "PI0Model":
         """Cast parameters for ``cfg.dtype``: all float32, or bf16 except norms / patch / position embeddings."""
         if self.cfg.dtype == "float32":

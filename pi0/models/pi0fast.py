@@ -121,7 +121,7 @@ class PI0FASTModel(nn.Module):
         """
         new_cache: KVCache = []
         for i, layer in enumerate(self.lm.layers):
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x))
+            q, k, v, _ = layer.start(x)
             # as in openpi gemma_fast.py Attention: RoPE on q and k, then q *= head_dim**-0.5.
             q = apply_rope(q, positions) * torch.tensor(q.shape[-1] ** -0.5, dtype=q.dtype)
             k = apply_rope(k, positions)

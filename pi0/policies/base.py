@@ -45,12 +45,14 @@ class PretrainedPolicy:
         return {}
 
     # ------------------------------------------------------------------ persistence
-    def save_pretrained(self, directory: str | Path, dtype: str | None = None) -> Path:
+    def save_pretrained(self, directory: str | Path, dtype: str | None = None,
+                        state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write the policy directory; tensors are cast and written one at a time (no second model copy).
 
         ``dtype`` ("float32" | "bfloat16") re-types the saved weights; openpi's float32 parameters (norms,
         patch / position embeddings, pi0's small heads) stay float32 (``param_storage_dtype``). LoRA adapters are
-        merged into their base weights (``pi0.models.lora.save_adapters`` writes the adapters alone).
+        merged into their base weights (``pi0.models.lora.save_adapters`` writes the adapters alone). ``state``: the
+        model's weights when they are not ``self.model``'s own (gathered from FSDP shards: ``pi0.ript.utils.fsdp``).
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,8 @@ class PretrainedPolicy:
         if dtype is not None and dtype != cfg.model.dtype:
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
         from pi0.models.lora import merged_state_dict
-        state = merged_state_dict(self.model)  # LoRA adapters (if any) merged: a plain checkpoint
+        if state is None:
+            state = merged_state_dict(self.model)  # LoRA adapters (if any) merged: a plain checkpoint
         specs = {f"model.{k}": (param_storage_dtype(k, cfg.model.dtype), tuple(t.shape)) for k, t in state.items()}
         with checkpoint_io.SafetensorsWriter(directory / "model.safetensors", specs) as writer:
             for k, t in state.items():

@@ -3,7 +3,8 @@ the LR scheduler.
 
 Layout of ``<run>/checkpoints/iter_NNNN/``: the policy (model.safetensors, config.json, norm_stats.json,
 tokenizer.model), ``train_state.pt`` (optimizer, scheduler; rank 0) and ``rank<r>.pt`` (that rank's
-trainer state: iteration, curve, RNGs, sampler position, history). A checkpoint is written into ``iter_NNNN.tmp`` and renamed when
+trainer state: iteration, curve, RNGs, sampler position, history). Under FSDP2 the weights are gathered and written
+in float32 by rank 0 and the optimizer state goes sharded to ``optimizer/`` (torch.distributed.checkpoint). A checkpoint is written into ``iter_NNNN.tmp`` and renamed when
 complete, then ``latest`` (a one-line file, replaced atomically) points at it: a run killed mid-save leaves the
 previous checkpoint loadable.
 """
@@ -21,6 +22,7 @@ import torch
 
 from pi0.ript.trainer import RIPTTrainer
 from pi0.ript.utils.dist_utils import DistInfo, barrier
+from pi0.ript.utils.fsdp import load_sharded_optimizer, save_policy, save_sharded_optimizer
 
 LATEST = "latest"
 
@@ -46,13 +48,19 @@ def save_checkpoint(run_dir: str | Path, trainer: RIPTTrainer, scheduler: Any, i
     final = root / f"iter_{trainer.iteration:04d}"
     tmp = root / f"iter_{trainer.iteration:04d}.tmp"
     st = trainer.state_dict()
-    optimizer = st["update"].pop("optimizer")  # the same on every rank: written once
+    optimizer = st["update"].pop("optimizer")  # the same on every rank (unsharded): written once
+    sharded = trainer.update.sharded
     if info.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        trainer.policy.save_pretrained(tmp)
+    barrier(info)
+    save_policy(trainer.policy, tmp, info)  # every rank: FSDP2 gathers the weights; rank 0 writes
+    if sharded:
+        save_sharded_optimizer(trainer.policy.model, trainer.update.optimizer, tmp / "optimizer")
+        optimizer = None
+    if info.is_main:
         torch.save({"optimizer": optimizer, "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "world_size": info.world_size}, tmp / "train_state.pt")
+                    "world_size": info.world_size, "sharded": sharded}, tmp / "train_state.pt")
     barrier(info)
     torch.save({"trainer": st, "rng": global_rng_state()}, tmp / f"rank{info.rank}.pt")
     barrier(info)
@@ -86,7 +94,13 @@ def load_train_state(ckpt: Path, trainer: RIPTTrainer, scheduler: Any, info: Dis
     mine = torch.load(ckpt / f"rank{info.rank}.pt", weights_only=False)
     st = mine["trainer"]
     st["update"]["optimizer"] = shared["optimizer"]
+    if shared.get("sharded", False) != trainer.update.sharded:
+        from pi0.errors import UserError
+        raise UserError(f"--resume: {ckpt} was written with algo.fsdp={shared.get('sharded', False)}; resume with "
+                        f"the same setting")
     trainer.load_state_dict(st)
+    if trainer.update.sharded:
+        load_sharded_optimizer(trainer.policy.model, trainer.update.optimizer, ckpt / "optimizer")
     if scheduler is not None and shared["scheduler"] is not None:
         scheduler.load_state_dict(shared["scheduler"])
     set_global_rng_state(mine["rng"])

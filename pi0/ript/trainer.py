@@ -10,7 +10,8 @@ runs it directly).
     checkpoint ``state_dict()`` of the trainer: optimizer, RNGs, sampler, history (train_loop)   -> checkpoint.py
 
 ``algo.objective``: ``ppo`` (default; RIPT-VLA's LOOP with pi-RL's Flow-SDE likelihood) or ``cfg`` (CFGRL). What
-trains: ``algo.trainable`` = ``all`` | ``expert`` (SigLIP and the VLM frozen, as pi-RL trains by default).
+trains: ``algo.trainable`` = ``all`` | ``expert`` (SigLIP and the VLM frozen, as pi-RL trains by default) | ``lora``.
+``algo.fsdp`` shards ``all`` over the torchrun ranks with FSDP2 (``pi0.ript.utils.fsdp``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.ript.utils.dist_utils import DistInfo
+from pi0.ript.utils.fsdp import gathered, shard_model
 from pi0.ript.warm_start import evaluate
 
 
@@ -43,6 +45,7 @@ class RLConfig:
     trainable: str = "all"  # "all" | "expert" | "lora" (PI0Model.set_trainable)
     checkpointing: bool = False  # recompute each transformer layer in backward (activation memory)
     precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
+    fsdp: bool = False  # torchrun: shard parameters, gradients and optimizer state over the ranks (trainable=all)
     noise_level: float = 0.5  # ppo: Flow-SDE noise level (pi0.models.flow_sde)
     clip: float = 0.2  # ppo: ratio clip
     num_groups: int = 4  # B init states per iteration
@@ -99,11 +102,16 @@ class RIPTTrainer:
         self.objective = build_objective(policy, cfg)
         if cfg.precision not in PRECISIONS:
             raise ValueError(f"algo.precision must be one of {PRECISIONS}, got {cfg.precision!r}")
-        if cfg.precision == "bf16" and policy.config.model.dtype != "bfloat16":
+        if cfg.fsdp and cfg.trainable != "all":
+            raise ValueError(f"algo.fsdp shards trainable=all; trainable={cfg.trainable!r} fits one GPU unsharded "
+                             f"(README: training memory); set algo.fsdp=false")
+        if cfg.precision == "bf16" and not cfg.fsdp and policy.config.model.dtype != "bfloat16":
             policy.model.set_dtype("bfloat16")
-            policy.config.model = policy.model.cfg
         policy.model.set_trainable(cfg.trainable)  # before the update collects the trainable parameters
         policy.model.set_gradient_checkpointing(cfg.checkpointing)
+        if cfg.fsdp:  # float32 shards (the masters); bf16 compute through FSDP2's mixed precision
+            shard_model(policy.model, self.info, cfg.precision)
+        policy.config.model = policy.model.cfg
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
@@ -128,8 +136,13 @@ class RIPTTrainer:
 
     def evaluate(self, guidance: float | None = None, repeats: int | None = None) -> float:
         """Success rate on the held-out states with the deterministic sampler (the policy's w unless ``guidance``)."""
-        return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=12345,
-                        guidance=guidance)
+        if not self.eval_states and not self.update.sharded:
+            return 0.0
+        with gathered(self.policy.model):  # FSDP2: rank-local sampling on gathered weights (every rank calls this)
+            if not self.eval_states:
+                return 0.0
+            return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=12345,
+                            guidance=guidance)
 
     def step(self) -> dict[str, float]:
         """One iteration (module docstring) -> its scalars."""
@@ -137,7 +150,8 @@ class RIPTTrainer:
         self.policy.eval()
         # 1-2. collect K rollouts per init state; RLOO advantages; keep the informative groups (globally counted)
         counter = self.counter(self.iteration + 1) if self.counter is not None else None
-        col = self.rollouts.collect(cfg.num_groups, counter, cfg.num_groups * self.info.world_size)
+        with gathered(self.policy.model):  # FSDP2: every rank samples on its own with the gathered weights
+            col = self.rollouts.collect(cfg.num_groups, counter, cfg.num_groups * self.info.world_size)
         # 3. one window per decision point of each kept episode, labelled with its episode's advantage
         windows = collection_windows(self.objective, col)
         # 4. the update (every rank joins, also with no windows)
@@ -152,7 +166,7 @@ class RIPTTrainer:
               "train/frac_positive": float(np.mean([w["label"] for w in windows])) if windows else 0.0}
         st.update({f"train/{k}": v for k, v in upd.items() if k != "update_time"})
         # 5. held-out evaluation with the deterministic sampler
-        if cfg.eval_every and self.eval_states and self.iteration % cfg.eval_every == 0:
+        if cfg.eval_every and (self.eval_states or self.update.sharded) and self.iteration % cfg.eval_every == 0:
             t0 = time.perf_counter()
             st["eval/success_rate"] = self.evaluate()
             st["time/eval_s"] = time.perf_counter() - t0

@@ -6,6 +6,11 @@ count is the max over ranks of ``epochs x ceil(ceil(windows / minibatch) / grad_
 minibatches (or has none) contributes zero gradients. Gradients are summed over ranks and divided by the global number
 of minibatches in the step, so the update equals single-process training on the union of the ranks' minibatches.
 A non-finite loss masks its minibatch out; a non-finite reduced gradient skips the step (same decision everywhere).
+
+Under FSDP2 (``pi0.ript.utils.fsdp``) the gradients arrive reduce-scattered (averaged over ranks) and are rescaled to
+the same global mean; since every forward and backward is itself a collective there, a rank pads its accumulation
+group with zero-weighted minibatches of a template window (its own, or one gathered from another rank) rather than
+skipping them, and a non-finite loss is back-propagated and skips the whole step through the global gradient norm.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch.distributed as dist
 
 from pi0.ript.objectives import FlowMatchingObjective, Window
 from pi0.ript.utils.dist_utils import DistInfo
+from pi0.ript.utils.fsdp import is_sharded, local_tensor
 
 
 @dataclass
@@ -46,12 +52,15 @@ class PolicyUpdate:
         if c.minibatch_size < 1 or c.grad_accum_steps < 1 or c.epochs < 1:
             raise ValueError("epochs, minibatch_size and grad_accum_steps must be >= 1")
         self.info = info or DistInfo()
+        self.sharded = is_sharded(objective.policy.model)  # FSDP2: params, grads and AdamW state are rank shards
+        self._template: Window | None = None  # FSDP2: a window for zero-weighted padding minibatches
         self.params = [p for p in objective.policy.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters (PI0Model.set_trainable)")
         # mixed precision: trainable parameters stored in bf16 get float32 master copies; AdamW (and its state) runs
         # on the masters, and each step writes them back rounded to bf16. Float32 parameters are their own masters.
-        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
+        # Under FSDP2 the float32 shards are the masters (bf16 is only the gathered compute copy).
+        self.masters = [p if p.dtype == torch.float32 or self.sharded else p.detach().float().clone().requires_grad_(True)
                         for p in self.params]
         self.optimizer = torch.optim.AdamW(self.masters, lr=c.lr, weight_decay=c.weight_decay)
         self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
@@ -70,6 +79,15 @@ class PolicyUpdate:
     def _reduce_grads(self, used: int) -> float:
         """Sum the gradients and the minibatch count over ranks (one flat all-reduce; nothing on one process), put
         grad / count on the float32 masters -> the global minibatch count."""
+        if self.sharded:  # FSDP2 reduce-scattered the mean over ranks: times world / global count
+            total = float(self._allreduce(torch.tensor([float(used)]))[0])
+            for p in self.params:
+                if p.grad is not None:
+                    if total:
+                        p.grad.mul_(self.info.world_size / total)
+                    else:
+                        p.grad = None
+            return total
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         if self.info.enabled:
             flat = torch.cat([g.reshape(-1).float() for g in grads]
@@ -85,11 +103,17 @@ class PolicyUpdate:
                 p.grad = None  # the bf16 gradient is spent
         return total
 
+    def _gather_template(self) -> Window:
+        """FSDP2: the first rank's template window, for ranks that have none (every rank calls it)."""
+        got: list[Window | None] = [None] * self.info.world_size
+        dist.all_gather_object(got, self._template)
+        return next(w for w in got if w is not None)
+
     def _apply(self) -> bool:
         """Clip and step (on the float32 masters); False (grads zeroed) when the gradient norm is non-finite."""
         c = self.config
         norm = torch.nn.utils.clip_grad_norm_(self.masters, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
-        if not torch.isfinite(norm):
+        if not torch.isfinite(local_tensor(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return False
         self.optimizer.step()
@@ -115,8 +139,14 @@ class PolicyUpdate:
             order = self.rng.permutation(len(windows)) if windows else np.zeros(0, int)
             mbs += [order[i: i + c.minibatch_size] for i in range(0, len(order), c.minibatch_size)]
         local_steps = math.ceil(len(mbs) / c.grad_accum_steps)
-        n_steps = int(self._allreduce(torch.tensor([local_steps], dtype=torch.int64), dist.ReduceOp.MAX
-                                      if self.info.enabled else None).item())
+        if self.sharded and windows:
+            self._template = windows[0]
+        need_template = int(self.sharded and self._template is None)
+        flags = self._allreduce(torch.tensor([local_steps, need_template], dtype=torch.int64), dist.ReduceOp.MAX
+                                if self.info.enabled else None)
+        n_steps = int(flags[0])
+        if n_steps and int(flags[1]):  # FSDP2: a rank without any window yet borrows one for its padding
+            self._template = self._gather_template()
         if max_steps is not None:
             n_steps = min(n_steps, max_steps)
         sums: dict[str, list[float]] = {}
@@ -125,19 +155,26 @@ class PolicyUpdate:
             self.optimizer.zero_grad(set_to_none=False)
             for p in self.params:
                 p.grad = None
-            mine = mbs[s * c.grad_accum_steps: (s + 1) * c.grad_accum_steps]
+            mine: list[np.ndarray | None] = list(mbs[s * c.grad_accum_steps: (s + 1) * c.grad_accum_steps])
+            if self.sharded:  # FSDP2: the same number of forwards/backwards on every rank (module docstring)
+                mine += [None] * (c.grad_accum_steps - len(mine))
             used = 0
             for mb in mine:
-                loss, st = self.objective.loss(self.objective.collate([windows[i] for i in mb]), self.generator)
-                if not math.isfinite(float(loss.detach())):
-                    continue  # this minibatch is masked out; the rank still joins the all-reduce below
+                batch = [windows[i] for i in mb] if mb is not None else [self._template]
+                loss, st = self.objective.loss(self.objective.collate(batch), self.generator)
+                finite = math.isfinite(float(loss.detach()))
+                if self.sharded:
+                    (loss * float(mb is not None)).backward()
+                elif finite:
+                    loss.backward()
+                if mb is None or not finite:
+                    continue  # padding, or masked out: the rank still joins the reduction below
                 for k, v in st.items():
                     sums.setdefault(k, []).append(v)
-                loss.backward()
                 used += 1
             total = self._reduce_grads(used)  # averaged over every rank's minibatches, onto the masters
             if total == 0:  # every rank's minibatches were empty / non-finite: nothing to apply
-                skipped += int(bool(mine))
+                skipped += int(any(m is not None for m in mine))
                 continue
             ok = self._apply()
             steps += int(ok)
@@ -158,7 +195,8 @@ class PolicyUpdate:
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
-        self.optimizer.load_state_dict(st["optimizer"])
+        if st.get("optimizer") is not None:  # None: FSDP2's sharded state, loaded by pi0.ript.checkpoint
+            self.optimizer.load_state_dict(st["optimizer"])
         self.generator.set_state(st["generator"])
         self.rng.bit_generator.state = st["rng"]
         self.num_skipped = int(st.get("num_skipped", 0))

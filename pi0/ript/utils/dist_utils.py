@@ -62,8 +62,13 @@ def setup_distributed(backend: str = "auto", device: str = "cpu", timeout_s: flo
 
 
 def cleanup_distributed() -> None:
-    """Destroy the process group if one is running."""
+    """Destroy the process group if one is running.
+
+    FSDP2 modules and their device mesh hold the group through reference cycles; a ``gc.collect()`` first frees the
+    ones the caller has dropped, so that no gloo worker thread outlives the group (see setup_distributed)."""
     if dist.is_initialized():
+        import gc
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -36,6 +36,7 @@ from pi0.ript.trainer import RIPTTrainer
 from pi0.ript.update import OptimizerConfig
 from pi0.ript.utils.dist_utils import (DistInfo, DistributedStatsSynchronizer, barrier, cleanup_distributed,
                                        setup_distributed, shard_tasks_across_gpus)
+from pi0.ript.utils.fsdp import gathered, save_policy
 
 
 def seed_everything(seed: int) -> None:
@@ -186,6 +187,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> list[dict[str, float]]:
 
 def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, float]]:
     torch.set_num_threads(cfg.threads)
+    if cfg.algo.fsdp and not info.enabled:
+        raise UserError("algo.fsdp=true shards the model over torchrun ranks, but this is one process: launch with "
+                        "torchrun --nproc_per_node N (N >= 2), or set algo.fsdp=false")
     run_dir = cfg.run_dir
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
@@ -209,7 +213,7 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             writer = SummaryWriter(str(run_dir / "tb"))
         curve = [c for c in trainer.curve if "rollouts" in c or c.get("iteration") == 0.0]
         if not ckpt and trainer.cfg.eval_every and cfg.task.eval_states:  # the starting point of the curve
-            ev, n = sync.weighted_mean(trainer.evaluate() if trainer.eval_states else 0.0,
+            ev, n = sync.weighted_mean(trainer.evaluate(),
                                        len(trainer.eval_states) * trainer.cfg.eval_repeats)
             curve = [{"iteration": 0.0, "eval_success_rate": ev}]
             if info.is_main:
@@ -255,12 +259,13 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
                 save_checkpoint(run_dir, trainer, sched, info)
         if bar:
             bar.close()
+        save_policy(policy, run_dir / "final", info)  # every rank: gathers FSDP2 shards, rank 0 writes
+        with gathered(policy.model):  # FSDP2: every rank gathers, rank 0 records the videos
+            if info.is_main and cfg.features.save_video and cfg.logging.num_videos:
+                write_videos(cfg, policy, trainer, run_dir / "videos")
         if info.is_main:
-            policy.save_pretrained(run_dir / "final")
             if cfg.logging.plot and curve:
                 plot_curve(curve, run_dir / "success.png")
-            if cfg.features.save_video and cfg.logging.num_videos:
-                write_videos(cfg, policy, trainer, run_dir / "videos")
             writer.close()
             print(f"run dir {run_dir}: config.yaml, curve.json, tb/, final/"
                   + (", history.json" if trainer.rollouts.history is not None else "")
