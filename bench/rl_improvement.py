@@ -77,6 +77,7 @@ class Config:
     minibatch_size: int = 32
     trainable: str = "all"
     noise_level: float = 0.5  # ppo
+    sde_step: int = -1  # ppo: the stochastic denoising step (-1: uniform per decision batch)
     clip: float = 0.2  # ppo
     p_uncond: float = 0.3  # cfg
     cfg_guidance: float = 1.5  # cfg: the w the RL arm collects and is evaluated with
@@ -171,6 +172,7 @@ def run_arm(cfg: Config) -> None:
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)
     if cfg.arm == "rl":
         rl = RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
+                      sde_step=cfg.sde_step,
                       num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                       cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed,
                       opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size))

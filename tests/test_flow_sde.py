@@ -110,8 +110,15 @@ def test_one_ppo_iteration_collects_chains_and_updates(pi05):
         upd = tr.optimizer.step(windows)
         assert upd["steps"] == 1 and abs(upd["ratio_mean"] - 1.0) < 1e-3
         assert any(not torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
+        # algo.sde_step=k: every decision's stochastic step is k
+        from pi0.ript.collection import SDEChunkPolicy
+        eps = runner.run([(0, 1)], group_size=2, policy=SDEChunkPolicy(pol, 0.5, torch.Generator().manual_seed(0), 2))
+        assert {int(d.extras["sde_step"]) for e in eps for d in e.decisions} == {2}
     finally:
         runner.close()
+    assert load_config("debug_train_pi0", ["algo.sde_step=0"], check_paths=False).algo.sde_step == 0
+    with pytest.raises(Exception, match="algo.sde_step"):
+        load_config("debug_train_pi0", ["algo.sde_step=-2"], check_paths=False)
     assert load_config("debug_train_pi0", ["algo.objective=ppo"], check_paths=False).algo.objective == "ppo"
     with pytest.raises(ValueError, match="algo.objective"):
         load_config("debug_train_pi0", ["algo.objective=grpo"], check_paths=False)

@@ -159,8 +159,10 @@ class SDEChunkPolicy:
     what the PPO update needs: the denoising chain, the stochastic step and its elementwise log-density, beside the
     observation extras of ``Pi0ChunkPolicy`` (client images, model-space state, prompt tokens)."""
 
-    def __init__(self, policy: Any, noise_level: float, generator: torch.Generator | None = None):
+    def __init__(self, policy: Any, noise_level: float, generator: torch.Generator | None = None,
+                 sde_step: int | None = None):
         self.policy, self.noise_level, self.generator = policy, float(noise_level), generator
+        self.sde_step = sde_step  # the stochastic denoising step: None = drawn uniformly per call (RLinf), or fixed
 
     @torch.no_grad()
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
@@ -172,7 +174,7 @@ class SDEChunkPolicy:
         noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator).to(pol.device)
         rec = pol.model.sample_actions_sde(inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"],
                                            inp["state"], noise, pol.config.num_steps, self.noise_level,
-                                           generator=self.generator)
+                                           sde_step=self.sde_step, generator=self.generator)
         actions = pol.postprocess_actions(rec["actions"], inp["state"])
         extras = {**window_extras(arrays, inp["state"], inp["lang_tokens"], inp["lang_masks"]),
                   "chain": rec["chain"].cpu().numpy(), "sde_step": np.full(len(obs), rec["sde_step"]),

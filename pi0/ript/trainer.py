@@ -47,6 +47,7 @@ class RLConfig:
     precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
     fsdp: bool = False  # torchrun: shard parameters, gradients and optimizer state over the ranks (trainable=all)
     noise_level: float = 0.5  # ppo: Flow-SDE noise level (pi0.models.flow_sde)
+    sde_step: int = -1  # ppo: the stochastic denoising step; -1 = drawn uniformly per decision batch (RLinf)
     clip: float = 0.2  # ppo: ratio clip
     num_groups: int = 4  # B init states per iteration
     group_size: int = 8  # K rollouts per init state (rloo_batch_size)
@@ -115,7 +116,8 @@ class RIPTTrainer:
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
-        collector = (SDEChunkPolicy(policy, cfg.noise_level, self.generator) if cfg.objective == "ppo"
+        sde_step = None if cfg.sde_step < 0 else cfg.sde_step
+        collector = (SDEChunkPolicy(policy, cfg.noise_level, self.generator, sde_step) if cfg.objective == "ppo"
                      else Pi0ChunkPolicy(policy, self.generator))
         self.rollouts = RolloutGenerator(runner, collector, sampler, cfg.group_size, cfg.dynamic_sampling, history,
                                          cfg.max_collect_attempts)

@@ -140,6 +140,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.trainable": (lambda v: v in TRAINABLE, f"one of {TRAINABLE}"),
     "algo.precision": (lambda v: v in PRECISIONS, f"one of {PRECISIONS}"),
     "algo.noise_level": (lambda v: v > 0.0, "> 0 (the Flow-SDE noise level a; RLinf uses 0.3-0.5)"),
+    "algo.sde_step": (lambda v: v >= -1, ">= -1 (-1: a uniformly drawn step; k: always step k < policy num_steps)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
