@@ -77,7 +77,7 @@ class Config:
     minibatch_size: int = 32
     trainable: str = "all"
     noise_level: float = 0.5  # ppo
-    sde_step: int = -1  # ppo: the stochastic denoising step (-1: uniform per decision batch)
+    sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch; RLConfig.sde_step)
     clip: float = 0.2  # ppo
     p_uncond: float = 0.3  # cfg
     cfg_guidance: float = 1.5  # cfg: the w the RL arm collects and is evaluated with

@@ -47,7 +47,9 @@ class RLConfig:
     precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
     fsdp: bool = False  # torchrun: shard parameters, gradients and optimizer state over the ranks (trainable=all)
     noise_level: float = 0.5  # ppo: Flow-SDE noise level (pi0.models.flow_sde)
-    sde_step: int = -1  # ppo: the stochastic denoising step; -1 = drawn uniformly per decision batch (RLinf)
+    # ppo: the stochastic denoising step. 0 (t = 1): its noise moves the chunk enough for the advantage to credit it;
+    # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
+    sde_step: int = 0
     clip: float = 0.2  # ppo: ratio clip
     num_groups: int = 4  # B init states per iteration
     group_size: int = 8  # K rollouts per init state (rloo_batch_size)
