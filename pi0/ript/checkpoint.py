@@ -2,11 +2,11 @@
 the LR scheduler.
 
 Layout of ``<run>/checkpoints/iter_NNNN/``: the policy (model.safetensors, config.json, norm_stats.json,
-tokenizer.model), ``train_state.pt`` (optimizer, scheduler; rank 0) and ``rank<r>.pt`` (that rank's
-trainer state: iteration, curve, RNGs, sampler position, history). Under FSDP2 the weights are gathered and written
-in float32 by rank 0 and the optimizer state goes sharded to ``optimizer/`` (torch.distributed.checkpoint). A checkpoint is written into ``iter_NNNN.tmp`` and renamed when
-complete, then ``latest`` (a one-line file, replaced atomically) points at it: a run killed mid-save leaves the
-previous checkpoint loadable.
+tokenizer.model), ``train_state.pt`` (optimizer, scheduler; rank 0) and ``rank<r>.pt`` (that rank's trainer state:
+iteration, curve, RNGs, sampler position, history). Under FSDP2 the weights are gathered and written in float32 by
+rank 0, and the optimizer state goes sharded to ``optimizer/`` (torch.distributed.checkpoint). A checkpoint is
+written into ``iter_NNNN.tmp`` and renamed when complete, then ``latest`` (a one-line file, replaced atomically)
+points at it: a run killed mid-save leaves the previous checkpoint loadable.
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ class PolicyUpdate:
         # mixed precision: trainable parameters stored in bf16 get float32 master copies; AdamW (and its state) runs
         # on the masters, and each step writes them back rounded to bf16. Float32 parameters are their own masters.
         # Under FSDP2 the float32 shards are the masters (bf16 is only the gathered compute copy).
-        self.masters = [p if p.dtype == torch.float32 or self.sharded else p.detach().float().clone().requires_grad_(True)
-                        for p in self.params]
+        self.masters = [p if p.dtype == torch.float32 or self.sharded
+                        else p.detach().float().clone().requires_grad_(True) for p in self.params]
         self.optimizer = torch.optim.AdamW(self.masters, lr=c.lr, weight_decay=c.weight_decay)
         self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
         self.rng = np.random.default_rng(seed)  # minibatch order
