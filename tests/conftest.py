@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,24 @@ LIBERO_TINY = GOLDEN / "openpi_libero_policy_tiny"
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# overrides that make a stage-7..11 training job tiny (arena, 2 states x 2 rollouts, 15 steps, no video)
+TINY_TRAIN = ["task.warm_start_demos=2", "task.warm_start_steps=5", "env.runner.max_steps=15", "task.train_states=6",
+              "task.eval_start=6", "task.eval_states=2", "algo.num_groups=2", "algo.group_size=2",
+              "features.enable_smart_sampling=false", "algo.opt.minibatch_size=64", "logging.progress=false",
+              "features.save_video=false"]
+
+
+def torchrun(*args: str, timeout: int = 240) -> str:
+    """``torchrun --nproc_per_node=2 <args>`` on a free port with this checkout's pi0 -> stdout (asserts exit 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return r.stdout
 
 
 def _need(path: Path) -> Path:

@@ -7,32 +7,16 @@
 - stage 10 with algo.fsdp=true trains, checkpoints and resumes to the uninterrupted run's weights.
 """
 
-import os
 import re
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["task.warm_start_demos=2", "task.warm_start_steps=5", "env.runner.max_steps=15", "task.train_states=6",
-        "task.eval_start=6", "task.eval_states=2", "algo.num_groups=2", "algo.group_size=2",
-        "features.enable_smart_sampling=false", "algo.opt.minibatch_size=64", "logging.progress=false",
-        "features.save_video=false", "algo.fsdp=true", "algo.opt.weight_decay=0.1", "algo.opt.epochs=2"]
+from conftest import REPO, TINY_TRAIN, torchrun
 
-
-def _torchrun(*args: str, timeout: int = 300) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    return r.stdout
+TINY = TINY_TRAIN + ["algo.fsdp=true", "algo.opt.weight_decay=0.1", "algo.opt.epochs=2"]
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -42,7 +26,7 @@ def _max_diff(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
 def test_sharded_step_matches_single_process_and_resumes(tmp_path, precision):
-    out = _torchrun(str(REPO / "tests" / "dist_fsdp_worker.py"), str(tmp_path), precision)
+    out = torchrun(str(REPO / "tests" / "dist_fsdp_worker.py"), str(tmp_path), precision, timeout=300)
     reports = sorted(re.findall(r"rank (\d) steps (\d+) windows (\d+)", out))
     assert [r[0] for r in reports] == ["0", "1"] and reports[1][2] == "0", out  # rank 1 had no windows
     assert reports[0][1] == reports[1][1] != "0"  # and still took every optimizer step with rank 0
@@ -65,10 +49,10 @@ def test_stage10_fsdp_resume_reproduces_uninterrupted_run(tmp_path):
     from safetensors.torch import load_file
     common = ["10_train_with_distributed.py", "--config_path", "debug_distributed_train", *TINY,
               f"logging.out_dir={tmp_path}", "logging.plot=false"]
-    out = _torchrun(*common, "logging.run_name=full", "algo.iterations=2")
+    out = torchrun(*common, "logging.run_name=full", "algo.iterations=2", timeout=300)
     assert "iter 2: success" in out
-    _torchrun(*common, "logging.run_name=cut", "algo.iterations=1")
-    _torchrun(*common, "logging.run_name=cut", "algo.iterations=2", "--resume")
+    torchrun(*common, "logging.run_name=cut", "algo.iterations=1", timeout=300)
+    torchrun(*common, "logging.run_name=cut", "algo.iterations=2", "--resume", timeout=300)
     ck = tmp_path / "cut" / "checkpoints" / "iter_0001"
     assert (ck / "optimizer" / ".metadata").is_file() and not (ck / "optimizer.pt").exists()
     full, cut = (load_file(str(tmp_path / n / "final" / "model.safetensors")) for n in ("full", "cut"))

@@ -1,8 +1,6 @@
 """Config tree (presets, validation, feature flags), user errors of the stage scripts, resume, distributed runs."""
 
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,15 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, TINY_TRAIN, torchrun
 from pi0.errors import UserError
 from pi0.ript.config import load_config, presets
 from pi0.ript.config.schema import TrainConfig, apply_features, save_config
 
-TINY = ["task.warm_start_demos=2", "task.warm_start_steps=5", "env.runner.max_steps=15", "task.train_states=6",
-        "task.eval_start=6", "task.eval_states=2", "algo.num_groups=2", "algo.group_size=2",
-        "features.enable_smart_sampling=false", "algo.opt.minibatch_size=64", "logging.progress=false",
-        "features.save_video=false"]
+TINY = TINY_TRAIN
 
 
 @pytest.mark.parametrize("name", presets())
@@ -160,27 +155,12 @@ def test_interrupted_save_leaves_previous_checkpoint(tmp_path):
     assert set(_params(ck)) == set(_params(run / "final"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(script, *args, timeout=240):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-           script, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # this checkout's pi0
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    return r.stdout
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["10_train_with_distributed.py", "11_train_ript_vla_style.py"])
 def test_torchrun_two_gloo_ranks_one_iteration(tmp_path, script):
     extra = (["features.enable_parallel_envs=true", "features.use_ript_vla_runner=true"] if script.startswith("11")
              else ["distributed.counter=store"])  # stage 10 here: the c10d store counter (multi-node path)
-    out = _torchrun(script, "--config_path", "debug_distributed_train", *TINY, *extra, f"logging.out_dir={tmp_path}",
+    out = torchrun(script, "--config_path", "debug_distributed_train", *TINY, *extra, f"logging.out_dir={tmp_path}",
                     "algo.iterations=1")
     assert "iter 1: success" in out and out.count("iter 1: success") == 1  # logged on rank 0 only
     run = tmp_path / "debug_distributed_train"
@@ -189,7 +169,7 @@ def test_torchrun_two_gloo_ranks_one_iteration(tmp_path, script):
 
 
 def test_no_deadlock_when_one_rank_has_no_groups():
-    out = _torchrun(str(Path(__file__).parent / "dist_no_deadlock_worker.py"), timeout=180)
+    out = torchrun(str(Path(__file__).parent / "dist_no_deadlock_worker.py"), timeout=180)
     # torchrun interleaves the ranks' stdout (two reports can share a line): match the reports, not lines
     steps = sorted(re.findall(r"rank (\d+) steps (\d+) windows (\d+) params_equal (True|False) released (True|False)",
                               out))
