@@ -140,13 +140,9 @@ class RIPTTrainer:
 
     def evaluate(self, guidance: float | None = None, repeats: int | None = None) -> float:
         """Success rate on the held-out states with the deterministic sampler (the policy's w unless ``guidance``)."""
-        if not self.eval_states and not self.update.sharded:
-            return 0.0
         with gathered(self.policy.model):  # FSDP2: rank-local sampling on gathered weights (every rank calls this)
-            if not self.eval_states:
-                return 0.0
             return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=12345,
-                            guidance=guidance)
+                            guidance=guidance) if self.eval_states else 0.0
 
     def step(self) -> dict[str, float]:
         """One iteration (module docstring) -> its scalars."""

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from pi0.ript.objectives import FlowMatchingObjective, Window
 from pi0.ript.utils.dist_utils import DistInfo
-from pi0.ript.utils.fsdp import is_sharded, local_tensor
+from pi0.ript.utils.fsdp import full_value, is_sharded
 
 
 @dataclass
@@ -113,7 +113,7 @@ class PolicyUpdate:
         """Clip and step (on the float32 masters); False (grads zeroed) when the gradient norm is non-finite."""
         c = self.config
         norm = torch.nn.utils.clip_grad_norm_(self.masters, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
-        if not torch.isfinite(local_tensor(norm)):
+        if not torch.isfinite(full_value(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return False
         self.optimizer.step()

@@ -60,13 +60,13 @@ def shard_model(model: nn.Module, info: DistInfo, precision: str = "float32",
 
     if not info.enabled:
         raise ValueError("algo.fsdp needs torchrun with more than one rank (one process: turn fsdp off)")
+    if precision not in ("float32", "bf16"):
+        raise ValueError(f"precision must be float32 or bf16, got {precision!r}")
     model.float()  # the shards are the float32 master weights
     if getattr(model, "fast_sampler", None) is not None:
         model.enable_fast_sampling(False)
     device = "cuda" if info.device.startswith("cuda") else "cpu"
     mesh = init_device_mesh(device, (info.world_size,))
-    if precision not in ("float32", "bf16"):
-        raise ValueError(f"precision must be float32 or bf16, got {precision!r}")
     mp = MixedPrecisionPolicy()
     if precision == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -147,6 +147,6 @@ def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, d
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
+def full_value(t: torch.Tensor) -> torch.Tensor:
     """The full value of a (possibly DTensor) scalar such as a global gradient norm."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
