@@ -52,9 +52,10 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=4)
     p.add_argument("--fast_render", action="store_true", help="the runner's workers render without shadows")
     args = p.parse_args()
-    env = make_env_spec("metaworld", task_id=args.task_id, resolution=args.resolution, max_steps=args.steps)().unwrapped
-    fast = make_env_spec("metaworld", task_id=args.task_id, resolution=args.resolution, max_steps=args.steps,
-                         fast_render=True)().unwrapped
+    env = make_env_spec("metaworld", task_id=args.task_id, resolution=args.resolution, max_steps=args.steps,
+                        fast_render=False)().unwrapped
+    fast = make_env_spec("metaworld", task_id=args.task_id, resolution=args.resolution,
+                         max_steps=args.steps)().unwrapped
     actions = np.clip(np.random.default_rng(0).normal(0, 0.5, (args.steps, 7)), -1, 1)
     try:
         time_steps(env, actions[:5], 1)  # warm-up (GL context)

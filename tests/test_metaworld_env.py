@@ -53,10 +53,12 @@ def test_init_states_are_deterministic_and_bad_input_is_refused():
         env.close()
 
 
-def test_fast_render_drops_shadows_only_and_the_bench_runner_uses_it():
+def test_fast_render_drops_shadows_only_and_every_runner_uses_it():
+    from pi0.ript.config import load_config
+    from pi0.ript.utils.train_loop import build_runner
     from pi0.ript.warm_start import env_runner
-    full = make_env_spec("metaworld", task_id=2, resolution=64)().unwrapped
-    fast = make_env_spec("metaworld", task_id=2, resolution=64, fast_render=True)().unwrapped
+    full = make_env_spec("metaworld", task_id=2, resolution=64, fast_render=False)().unwrapped
+    fast = make_env_spec("metaworld", task_id=2, resolution=64)().unwrapped
     try:
         a = full.reset(options={"init_state_id": 3})[0]
         b = fast.reset(options={"init_state_id": 3})[0]
@@ -67,7 +69,9 @@ def test_fast_render_drops_shadows_only_and_the_bench_runner_uses_it():
     finally:
         full.close()
         fast.close()
-    with env_runner("metaworld", 1, 5, num_init_states=10) as runner:
+    with env_runner("metaworld", 1, 5, num_init_states=10) as runner:  # warm start and bench
+        assert runner.env_factory.kwargs["fast_render"] is True
+    with build_runner(load_config("metaworld_mt10", check_paths=False)) as runner:  # stages 7-11: the same images
         assert runner.env_factory.kwargs["fast_render"] is True
 
 

@@ -88,9 +88,7 @@ def env_runner(env: str, num_envs: int, replan_steps: int, resolution: int = 64,
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     extra = {"expert_chunks": True, "expert_horizon": expert_horizon} if expert_horizon else {}
-    # fast_render: no shadow/reflection passes, 4.4x cheaper frames under llvmpipe (pi0.envs.metaworld_env)
-    spec = make_env_spec("metaworld", resolution=resolution, num_init_states=num_init_states, fast_render=True,
-                         **extra)
+    spec = make_env_spec("metaworld", resolution=resolution, num_init_states=num_init_states, **extra)
     return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, max_steps=max_steps))
 
 
