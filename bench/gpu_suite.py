@@ -90,22 +90,35 @@ def libero_installed() -> bool:
 # ---------------------------------------------------------------------------------------------------- steps
 def step_cuda_tests(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     """pytest -m cuda (dry run: collect only)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests"]
+    # test modules that import an optional package the lent machine lacks (LIBERO, websockets) fail to collect
+    # there: go on without them, and name them
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+           "--continue-on-collection-errors", "tests"]
     if a.dry_run:
         cmd.insert(4, "--collect-only")
     rc, text, sec = run(cmd, a.budget("cuda_tests"), out / "cuda_tests.log")
     counts = {k: int(n) for n, k in SUMMARY.findall(text)}
     collected = re.search(r"(\d+)/\d+ tests collected", text)
+    absent = sorted(set(re.findall(r"ModuleNotFoundError: No module named '([^'.]+)", text)))
+    only_optional = counts.get("error", 0) + counts.get("errors", 0) == len(re.findall(r"^ERROR tests/", text, re.M)) \
+        and all(m in OPTIONAL for m in absent)
     ok = rc == 0 or (rc == 5 and a.dry_run)  # 5: nothing selected (a CPU build skips nothing at collection)
+    ok = ok or (rc == 1 and not counts.get("failed") and absent and only_optional)
     res = {"status": "ok" if ok else status_of(rc, text), "seconds": sec, **counts}
+    if absent:
+        res["not_collected_for_lack_of"] = ",".join(absent)
     if collected:
         res["selected"] = int(collected.group(1))
     return res
 
 
-def sampling_step(batch: int, pi05: bool = False) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
-    """bench/sampling.py at one batch size (pi0, or pi0.5) -> ms per path and the roofline ratio of the fastest."""
-    name = f"sampling{'_pi05' if pi05 else ''}_b{batch}"
+def sampling_step(batch: int, pi05: bool = False, compiled: bool = False
+                  ) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
+    """bench/sampling.py at one batch size (pi0, or pi0.5) -> ms per path and the roofline ratio of the fastest.
+
+    Eager rows (KV-cached, FastSampler, eager CUDA graph) unless ``compiled``: torch.compile of the full model takes
+    minutes on its first calls, so it is a step of its own, last."""
+    name = f"sampling{'_pi05' if pi05 else ''}{'_compiled' if compiled else ''}_b{batch}"
 
     def step(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         js = out / f"{name}.json"
@@ -113,7 +126,7 @@ def sampling_step(batch: int, pi05: bool = False) -> Callable[[argparse.Namespac
             args = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", "1"]
         else:
             args = ["--config", "full", "--device", "cuda", "--dtype", "bfloat16", "--iters", "20", "--compile",
-                    "--compile_prefix"]
+                    *(["--compile_prefix"] if compiled else ["--skip_compile"])]
         cmd = [sys.executable, "bench/sampling.py", *args, "--attn", "sdpa", "--batch", str(batch), "--cameras", "2",
                "--num_steps", "10", "--no_recompute", "--json", str(js), *(["--pi05"] if pi05 else [])]
         rc, text, sec = run(cmd, a.budget(name), out / f"{name}.log")
@@ -134,11 +147,11 @@ def step_train_memory(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         return {"status": "absent: bench/train_memory.py is not built yet"}
     args = (["--config", "ci", "--device", "cpu", "--modes", "expert", "lora", "--checkpointing", "on",
              "--threads", "1"]
-            if a.dry_run else ["--device", "cuda", "--minibatch", "8", "--checkpointing", "on"])
+            if a.dry_run else ["--device", "cuda", "--minibatch", "8", "--checkpointing", "on"]) + ["--random_init"]
     args += ["--work", str(out / "train_memory_work")]
     rc, text, sec = run([sys.executable, "bench/train_memory.py", *args], a.budget("train_memory"),
                         out / "train_memory.log")
-    last = text.strip().splitlines()[-1] if text.strip() else ""
+    last = next((ln for ln in reversed(text.splitlines()) if re.match(r"(expert|lora|all)=", ln)), "")
     return {"status": status_of(rc, text), "seconds": sec, "peaks": last if rc == 0 else ""}
 
 
@@ -195,11 +208,11 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "eval_1env": eval_step("eval_1env", lambda a: 1),
     "eval_Nenv": eval_step("eval_Nenv", lambda a: a.num_envs),
     "rl_iteration": step_rl_iteration,
+    "sampling_compiled_b1": sampling_step(1, compiled=True),
 }
-# seconds each step may take (sum 500 s: within the lent machine's 10-minute command limit and CI's test
-# timeout alike)
-BUDGETS = {"cuda_tests": 80, "sampling_b1": 65, "sampling_b8": 65, "sampling_pi05_b1": 50, "train_memory": 120,
-           "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40}
+# seconds each step may take (sum 530 s: within the lent machine's 10-minute command limit; --budget overrides)
+BUDGETS = {"cuda_tests": 90, "sampling_b1": 45, "sampling_b8": 45, "sampling_pi05_b1": 45, "train_memory": 100,
+           "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40, "sampling_compiled_b1": 85}
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -223,11 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_suite")
     p.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
     p.add_argument("--num_envs", type=int, default=8, help="envs of the eval_Nenv step (dry run: 2)")
+    p.add_argument("--budget", nargs="+", default=[], metavar="STEP=SECONDS", help="override a step's time budget")
     a = p.parse_args(argv)
+    budgets = dict(BUDGETS)
+    for item in a.budget:
+        name, _, sec = item.partition("=")
+        if name not in BUDGETS or not sec.replace(".", "", 1).isdigit():
+            p.error(f"--budget takes STEP=SECONDS with STEP one of {sorted(BUDGETS)}, got {item!r}")
+        budgets[name] = float(sec)
     a.device = "cpu" if a.dry_run else "cuda"
     if a.dry_run:
         a.num_envs = min(a.num_envs, 2)
-    a.budget = lambda name: BUDGETS[name]
+    a.budget = lambda name: budgets[name]
     a.out.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {"dry_run": a.dry_run, "python": sys.version.split()[0], "libero": libero_installed()}
     try:
@@ -246,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- {name}", flush=True)
         results[name] = STEPS[name](a, a.out)
         print(f"   {results[name]}", flush=True)
+        if results[name]["status"] not in ("ok",) and (a.out / f"{name}.log").is_file():
+            tail = (a.out / f"{name}.log").read_text().strip().splitlines()[-12:]
+            print("   | " + "\n   | ".join(tail), flush=True)  # the cause, in the output the lent machine returns
     (a.out / "gpu_suite.json").write_text(json.dumps({"info": info, "steps": results}, indent=2))
     print(table(results))
     failed = [n for n, r in results.items() if not (r["status"] == "ok" or r["status"].startswith(("missing",

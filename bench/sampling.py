@@ -114,6 +114,9 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="add FastSampler, compiled and (CUDA) graph-captured rows")
     p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
     p.add_argument("--compile_prefix", action="store_true", help="compiled rows also compile SigLIP + prefix pass")
+    p.add_argument("--skip_compile", action="store_true",
+                   help="with --compile: the FastSampler and eager CUDA-graph rows only, no torch.compile (at full "
+                        "size its first calls take minutes)")
     p.add_argument("--no_recompute", action="store_true", help="skip the slow recompute-prefix baseline")
     p.add_argument("--profile", action="store_true", help="print a per-stage latency table of one call")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -124,7 +127,8 @@ def main() -> None:
     cfg = build(args)
     dev = args.device
     torch.manual_seed(0)
-    model = PI0Model(cfg).to(dev).eval()
+    with torch.device(dev):  # built and initialised on the device: a full-size init on the host takes a minute
+        model = PI0Model(cfg).eval()
     b, s = args.batch, cfg.vision.image_size
     images = [torch.rand(b, 3, s, s, device=dev) * 2 - 1 for _ in range(3)]
     masks = [torch.full((b,), i < args.cameras, device=dev) for i in range(3)]
@@ -147,19 +151,21 @@ def main() -> None:
     if args.compile:
         fast = FastSampler(model, cuda_graph=False)
         paths["fast (no compile)"] = lambda: fast(*inputs)
-        t0 = time.perf_counter()
         opts = dict(compile=True, backend=args.backend, compile_prefix=args.compile_prefix)
-        compiled = FastSampler(model, cuda_graph=False, **opts)
-        compiled(*inputs)
-        notes["compiled"] = f"first call incl. compile {time.perf_counter() - t0:.1f} s"
-        paths["compiled"] = lambda: compiled(*inputs)
+        if not args.skip_compile:
+            t0 = time.perf_counter()
+            compiled = FastSampler(model, cuda_graph=False, **opts)
+            compiled(*inputs)
+            notes["compiled"] = f"first call incl. compile {time.perf_counter() - t0:.1f} s"
+            paths["compiled"] = lambda: compiled(*inputs)
         if dev.startswith("cuda"):
-            graphed = FastSampler(model, cuda_graph=True, **opts)
-            graphed(*inputs)
-            if graphed.graph_error is None:
-                paths["compiled + cuda graph"] = lambda: graphed(*inputs)
-            else:
-                notes["compiled + cuda graph"] = f"capture failed: {graphed.graph_error}"
+            if not args.skip_compile:
+                graphed = FastSampler(model, cuda_graph=True, **opts)
+                graphed(*inputs)
+                if graphed.graph_error is None:
+                    paths["compiled + cuda graph"] = lambda: graphed(*inputs)
+                else:
+                    notes["compiled + cuda graph"] = f"capture failed: {graphed.graph_error}"
             eager_graph = FastSampler(model, cuda_graph=True)
             eager_graph(*inputs)
             if eager_graph.graph_error is None:

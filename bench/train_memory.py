@@ -46,7 +46,17 @@ def child(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
-    pol = PI0Policy.from_pretrained(Path(args.work) / "converted_bfloat16", device=dev, dtype="bfloat16")
+    if args.random_init:  # built on the device with PyTorch's default init: same shapes, dtypes and memory
+        from pi0.models.pi0 import PI0Model
+        from pi0.policies.pi0 import PolicyConfig, default_norm_stats
+        from pi0.policies.presets import tiny_tokenizer
+
+        pcfg = PolicyConfig(model=model_config(args.config))
+        with dev:
+            model = PI0Model(pcfg.model)
+        pol = PI0Policy(pcfg, default_norm_stats(8, 7), tiny_tokenizer(pcfg.model.max_token_len), model=model)
+    else:
+        pol = PI0Policy.from_pretrained(Path(args.work) / "converted_bfloat16", device=dev, dtype="bfloat16")
     m = pol.model
     m.set_trainable(args.mode)
     m.set_gradient_checkpointing(args.checkpointing == "on")
@@ -77,6 +87,20 @@ def child(args: argparse.Namespace) -> dict:
     return out
 
 
+def model_config(config: str):
+    """The bf16 Pi0Config of ``--config`` (full: pi0's; ci: bench/memory.py's small one) for ``--random_init``."""
+    import dataclasses
+
+    from pi0.models.config import Pi0Config
+
+    if config == "full":
+        return Pi0Config(dtype="bfloat16")
+    sys.path.insert(0, str(REPO / "bench"))
+    from memory import ci_config
+
+    return dataclasses.replace(ci_config(), dtype="bfloat16")
+
+
 def estimate(mode: str, n_train: int, total: int) -> float:
     """GiB of weights (bf16) + float32 masters, AdamW moments and gradients of what trains (no activations)."""
     return (2 * total + (4 + 8 + 4) * n_train) / GIB
@@ -102,7 +126,8 @@ def run(args: argparse.Namespace, mode: str, ck: str) -> dict:
     from pi0.utils.memory import run_watched
 
     cmd = [sys.executable, __file__, "--_child", "--mode", mode, "--checkpointing", ck, "--work", args.work,
-           "--device", args.device, "--minibatch", str(args.minibatch), "--threads", str(args.threads)]
+           "--device", args.device, "--minibatch", str(args.minibatch), "--threads", str(args.threads),
+           "--config", args.config, *(["--random_init"] if args.random_init else [])]
     r = run_watched(cmd, args.limit_gb * GIB if args.device == "cpu" else None)
     if r.killed:
         return {"mode": mode, "checkpointing": ck, "killed": True, "peak_rss": r.polled_rss, "seconds": r.seconds}
@@ -123,6 +148,9 @@ def main() -> None:
     p.add_argument("--config", default="full", choices=["full", "ci"], help="ci: bench/memory.py's small config")
     p.add_argument("--limit_gb", type=float, default=21.0, help="CPU watchdog")
     p.add_argument("--json", default="", help="also write the records here")
+    p.add_argument("--random_init", action="store_true",
+                   help="full-size pi0 built on --device with random weights, no zeros checkpoint to write and "
+                        "convert first (what a GPU run uses: the memory is the same)")
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -130,14 +158,26 @@ def main() -> None:
         args.checkpointing = args.checkpointing[0] if isinstance(args.checkpointing, list) else args.checkpointing
         print(json.dumps(child(args)), flush=True)
         return
-    ckpt = Path(args.work) / "converted_bfloat16"
-    if not (ckpt / "model.safetensors").is_file():  # the full-size zeros tree, converted (a few minutes, once)
-        subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--steps", "write", "convert",
-                        "--dtypes", "bfloat16", "--work", args.work, "--config", args.config, "--keep"], check=True)
-    ckpt_gib = (ckpt / "model.safetensors").stat().st_size / GIB
-    from safetensors import safe_open
-    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-        sizes = {k: int(np_prod(f.get_slice(k).get_shape())) for k in f.keys()}
+    if args.random_init:
+        import torch
+
+        sys.path.insert(0, str(REPO))
+        from pi0.models.pi0 import PI0Model
+
+        with torch.device("meta"):
+            params = dict(PI0Model(model_config(args.config)).named_parameters())
+        sizes = {k: v.numel() for k, v in params.items()}
+        ckpt_gib = sum(v.numel() * v.element_size() for v in params.values()) / GIB
+    else:
+        ckpt = Path(args.work) / "converted_bfloat16"
+        if not (ckpt / "model.safetensors").is_file():  # the full-size zeros tree, converted (a few minutes, once)
+            subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--steps", "write", "convert",
+                            "--dtypes", "bfloat16", "--work", args.work, "--config", args.config, "--keep"],
+                           check=True)
+        ckpt_gib = (ckpt / "model.safetensors").stat().st_size / GIB
+        from safetensors import safe_open
+        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+            sizes = {k: int(np_prod(f.get_slice(k).get_shape())) for k in f.keys()}
     total = sum(sizes.values())
     rows = []
     for mode in args.modes:

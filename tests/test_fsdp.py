@@ -68,3 +68,17 @@ def test_fsdp_without_torchrun_is_a_one_line_user_error(tmp_path):
                        timeout=120)
     assert r.returncode == 2 and "algo.fsdp" in r.stderr and "torchrun" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+def test_setup_distributed_names_a_cuda_device_in_a_plain_process(monkeypatch):
+    """A plain process (no torchrun) with device=cuda: world 1, no group, the device named (cuda:0 where CUDA is).
+
+    A function-local ``import torch._dynamo`` once made ``torch`` a local name there, so every CUDA run raised
+    UnboundLocalError before any work (found on the first GPU lease)."""
+    from pi0.ript.utils.dist_utils import setup_distributed
+
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    info = setup_distributed("auto", "cuda")
+    assert (info.rank, info.world_size, info.enabled) == (0, 1, False)
+    assert info.device == ("cuda:0" if torch.cuda.is_available() else "cuda")

@@ -19,7 +19,7 @@ def test_gpu_suite_dry_run(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "gpu_suite.json").read_text())
     steps = res["steps"]
-    assert set(steps) == {"cuda_tests", "sampling_b1", "sampling_b8", "sampling_pi05_b1", "train_memory",
+    assert set(steps) == {"cuda_tests", "sampling_b1", "sampling_b8", "sampling_pi05_b1", "sampling_compiled_b1", "train_memory",
                           "eval_1env", "eval_Nenv", "rl_iteration"}
     assert steps["cuda_tests"]["selected"] >= 5  # the CUDA-marked tests are found (and not run on a CPU)
     for name in ("sampling_b1", "sampling_b8", "sampling_pi05_b1"):

@@ -56,7 +56,7 @@ def setup_distributed(backend: str = "auto", device: str = "cpu", timeout_s: flo
         # collective's tensor needs the GIL and aborts the process ("terminate called without an active
         # exception": it failed CI once, and about one torchrun run in ten under load). Importing it first keeps
         # destroy_process_group complete.
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo as _dynamo  # noqa: F401  (`import torch._dynamo` would make `torch` a local name)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local, device)
 
