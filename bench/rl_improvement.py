@@ -8,7 +8,8 @@ Protocol:
    for ``--minutes`` of wall-clock: ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
    (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts, collected
    as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
-   checkpoints along its budget and evaluates them afterwards.
+   checkpoints along its budget and evaluates them afterwards (the intermediate ones on the first ``--curve_states``
+   held-out states per task when it is set: the curve's shape for less evaluation time; the last one on all).
 3. Evaluation: success on ``--eval_states`` held-out init states per task (disjoint from the training and validation
    states), openpi's deterministic sampler with the same initial-noise seed for every policy (paired), with the
    standard error sqrt(p (1 - p) / n).
@@ -84,6 +85,9 @@ class Config:
     # RFT
     rft_steps_per_iteration: int = 8
     snapshots: int = 6  # checkpoints per arm along its budget (the curve)
+    # held-out states per task for the curve's intermediate snapshots (0: all eval_states); the final snapshot, and so
+    # the summary line, always uses all eval_states
+    curve_states: int = 0
     num_envs: int = 0  # envs per runner (0: arena num_groups x group_size in process; MetaWorld 4 subprocess workers)
     threads: int = 1  # torch threads per process (1 is fastest on a loaded 2-core machine)
     out: str = "runs/bench_rl"
@@ -134,19 +138,25 @@ def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
 
 
 class Snapshots:
-    """Saves the policy at ``n`` evenly spaced marks of a ``seconds`` budget (and at its end)."""
+    """Saves the policy at ``n`` evenly spaced marks of a ``seconds`` budget (and at its end, unless the last mark
+    already saved the final weights)."""
 
     def __init__(self, out: Path, seconds: float, n: int):
         self.out, self.seconds, self.n = out, seconds, n
         self.t0 = time.perf_counter()
         self.saved: list[dict] = []
+        self.unsaved = True  # the weights changed since the last snapshot
 
     def maybe(self, policy: PI0Policy, final: bool = False) -> None:
+        """Called after each training step (``final``: after the last); saves when a mark has passed."""
         el = time.perf_counter() - self.t0
-        if final or el >= self.seconds * (len(self.saved) + 1) / self.n:
+        if (final and self.unsaved) or (not final and el >= self.seconds * (len(self.saved) + 1) / self.n):
             path = self.out / f"snap{len(self.saved):02d}"
             policy.save_pretrained(path)
             self.saved.append({"minutes": el / 60, "path": str(path)})
+            self.unsaved = False
+        elif not final:
+            self.unsaved = True
 
 
 def run_arm(cfg: Config) -> None:
@@ -189,13 +199,21 @@ def run_arm(cfg: Config) -> None:
     snaps.maybe(policy, final=True)
     guid = [cfg.cfg_guidance, 1.0] if cfg.arm == "rl" and cfg.objective == "cfg" else [None]
     curve = []
-    for s in snaps.saved:
+    for j, s in enumerate(snaps.saved):
         pol = PI0Policy.from_pretrained(s["path"])
-        rates = {str(w): evaluate(runner, pol, held, seed=cfg.seed + 100, guidance=w) for w in guid}
-        curve.append({"minutes": s["minutes"], **rates})
+        states = held if j == len(snaps.saved) - 1 else curve_subset(cfg, held)
+        rates = {str(w): evaluate(runner, pol, states, seed=cfg.seed + 100, guidance=w) for w in guid}
+        curve.append({"minutes": s["minutes"], "states": len(states), **rates})
     runner.close()
     (out / "arm.json").write_text(json.dumps({"arm": cfg.arm, "trained_minutes": trained, "curve": curve,
                                               "log": log}, indent=1))
+
+
+def curve_subset(cfg: Config, held: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The held-out states an intermediate snapshot is evaluated on: the first ``curve_states`` of each task."""
+    if not cfg.curve_states or cfg.curve_states >= cfg.eval_states:
+        return held
+    return [(t, i) for t, i in held if i < cfg.eval_start + cfg.curve_states]
 
 
 def se(p: float, n: int) -> float:
@@ -256,7 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
         c = arms[arm]["curve"]
         k = key if arm == "rl" else "None"
         xs, ys = [0.0] + [p["minutes"] for p in c], [before] + [p[k] for p in c]
-        ax.errorbar(xs, ys, yerr=[se(y, n) for y in ys], marker="o", capsize=2, label=label)
+        ns = [n] + [p.get("states", n) for p in c]
+        ax.errorbar(xs, ys, yerr=[se(y, m) for y, m in zip(ys, ns)], marker="o", capsize=2, label=label)
     ax.set(xlabel="wall-clock minutes (arms side by side on 2 cores)", ylabel=f"held-out success ({n} states)",
            ylim=(0, 1), title=f"{cfg.env} task {cfg.task}, seed {cfg.seed}, start {before:.2f}")
     ax.legend()

@@ -54,6 +54,8 @@ def test_clipped_surrogate_by_hand():
     assert math.isclose(loss(0.5, -1.0), 0.8, rel_tol=1e-6)  # min(-0.5, -0.8): clipped
     _, st = clipped_surrogate(torch.log(torch.tensor([1.5, 1.0])), torch.zeros(2), torch.ones(2))
     assert st["clip_frac"] == 0.5 and math.isclose(st["ratio_mean"], 1.25, rel_tol=1e-6)
+    # approx_kl = mean((r - 1) - log r): ((0.5 - log 1.5) + 0) / 2
+    assert math.isclose(st["approx_kl"], (0.5 - math.log(1.5)) / 2, rel_tol=1e-6)
     # the gradient flows through the new log-probability only where the ratio is not clipped
     lp = torch.tensor([0.0, math.log(1.5)], requires_grad=True)
     clipped_surrogate(lp, torch.zeros(2), torch.ones(2))[0].backward()

@@ -85,7 +85,10 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
     """(N,) new / old log-probabilities and advantages -> (loss, stats).
 
     as in PPO (Schulman et al. 2017) and RIPT-VLA's LOOP: r = exp(logp_new - logp_old);
-    loss = -mean(min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)). Stats: the clipped fraction and the mean ratio.
+    loss = -mean(min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)). Stats: the clipped fraction, the mean ratio
+    and approx_kl = mean((r - 1) - log r), the non-negative estimator of KL(old || new) in Schulman's "Approximating
+    KL divergence" (what PPO implementations log to tune the step size: a clip fraction and KL near 0 mean the policy
+    barely moved in this update).
     """
     ratio = torch.exp(logp_new - logp_old.detach())
     adv = advantages.detach().to(ratio.dtype)
@@ -94,7 +97,9 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
     loss = -torch.minimum(unclipped, clipped).mean()
     with torch.no_grad():
         clip_frac = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).float().mean().item()
-    return loss, {"clip_frac": clip_frac, "ratio_mean": ratio.detach().mean().item()}
+        log_r = (logp_new - logp_old).detach()
+        approx_kl = (torch.expm1(log_r) - log_r).mean().item()
+    return loss, {"clip_frac": clip_frac, "ratio_mean": ratio.detach().mean().item(), "approx_kl": approx_kl}
 
 
 # ---------------------------------------------------------------------------------------------- objectives

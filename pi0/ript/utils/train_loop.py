@@ -129,7 +129,8 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
            "steps": st["train/steps"], "skipped_steps": st["train/skipped_steps"]}
     if s["eval_n"]:
         out["eval_success_rate"] = s["eval_succ"] / s["eval_n"]
-    for key in ("train/loss", "train/loss_cond", "train/loss_uncond", "train/clip_frac", "train/ratio_mean"):
+    for key in ("train/loss", "train/loss_cond", "train/loss_uncond", "train/clip_frac", "train/ratio_mean",
+                "train/approx_kl"):
         if key in st:  # this rank's minibatch means
             out[key.split("/")[1]] = st[key]
     return out
