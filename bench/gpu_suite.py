@@ -215,6 +215,9 @@ BUDGETS = {"cuda_tests": 90, "sampling_b1": 45, "sampling_b8": 45, "sampling_pi0
            "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40, "sampling_compiled_b1": 85}
 
 
+DRY_RUN_BUDGET = 300.0  # seconds per step of --dry-run (tiny configs take 2-20 s idle, several times that under load)
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     """One row per step: status, seconds and its figures."""
     rows = [f"{'step':<14}{'status':<34}{'s':>7}  figures"]
@@ -238,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num_envs", type=int, default=8, help="envs of the eval_Nenv step (dry run: 2)")
     p.add_argument("--budget", nargs="+", default=[], metavar="STEP=SECONDS", help="override a step's time budget")
     a = p.parse_args(argv)
-    budgets = dict(BUDGETS)
+    # the dry run checks that each step still runs, not how fast: a loaded CPU machine gets a generous budget per step
+    budgets = {k: DRY_RUN_BUDGET for k in BUDGETS} if a.dry_run else dict(BUDGETS)
     for item in a.budget:
         name, _, sec = item.partition("=")
         if name not in BUDGETS or not sec.replace(".", "", 1).isdigit():
