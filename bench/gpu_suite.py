@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- {name}", flush=True)
         results[name] = STEPS[name](a, a.out)
         print(f"   {results[name]}", flush=True)
-        if results[name]["status"] not in ("ok",) and (a.out / f"{name}.log").is_file():
+        if results[name]["status"] != "ok" and (a.out / f"{name}.log").is_file():
             tail = (a.out / f"{name}.log").read_text().strip().splitlines()[-12:]
             print("   | " + "\n   | ".join(tail), flush=True)  # the cause, in the output the lent machine returns
     (a.out / "gpu_suite.json").write_text(json.dumps({"info": info, "steps": results}, indent=2))

@@ -149,8 +149,8 @@ def main() -> None:
     p.add_argument("--limit_gb", type=float, default=21.0, help="CPU watchdog")
     p.add_argument("--json", default="", help="also write the records here")
     p.add_argument("--random_init", action="store_true",
-                   help="full-size pi0 built on --device with random weights, no zeros checkpoint to write and "
-                        "convert first (what a GPU run uses: the memory is the same)")
+                   help="the --config model built on --device with random weights, no zeros checkpoint to write "
+                        "and convert first (what the GPU suite uses: the memory is the same)")
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
