@@ -77,7 +77,7 @@ class Config:
     epochs: int = 1
     minibatch_size: int = 32
     trainable: str = "all"
-    noise_level: float = 0.5  # ppo
+    noise_level: float = 1.0  # ppo (and the RFT arm's collection, which collects as RL does)
     sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch; RLConfig.sde_step)
     clip: float = 0.2  # ppo
     p_uncond: float = 0.3  # cfg
@@ -276,7 +276,9 @@ def main(argv: list[str] | None = None) -> dict:
         xs, ys = [0.0] + [p["minutes"] for p in c], [before] + [p[k] for p in c]
         ns = [n] + [p.get("states", n) for p in c]
         ax.errorbar(xs, ys, yerr=[se(y, m) for y, m in zip(ys, ns)], marker="o", capsize=2, label=label)
-    ax.set(xlabel="wall-clock minutes (arms side by side on 2 cores)", ylabel=f"held-out success ({n} states)",
+    n_curve = len(curve_subset(cfg, held))
+    states = f"{n} states" + (f", curve points {n_curve}" if n_curve < n else "")
+    ax.set(xlabel="wall-clock minutes (arms side by side on 2 cores)", ylabel=f"held-out success ({states})",
            ylim=(0, 1), title=f"{cfg.env} task {cfg.task}, seed {cfg.seed}, start {before:.2f}")
     ax.legend()
     fig.tight_layout()

@@ -29,6 +29,10 @@ def test_sde_step_moments_by_hand():
     # mean = x - 0.25 v - (1 * 0.25 / 2) x = 0.875 x - 0.25 v = 0.375; std = 1 * sqrt(0.25) = 0.5
     mean, std = sde_step_moments(x, v, 1.0, 0.25, 0.5)
     assert torch.allclose(mean, torch.tensor([0.375])) and math.isclose(float(std), 0.5, rel_tol=1e-6)
+    # the default first step (t = 1, N = 10, a = 1): sigma = sqrt(1 / 0.1); mean = x - 0.1 v - (10 * 0.1 / 2) x
+    # = 0.5 x - 0.1 v = 0.3, std = a = 1: half the initial noise is kept, and the step's own noise is std 1
+    mean, std = sde_step_moments(x, v, 1.0, 0.1, 1.0)
+    assert torch.allclose(mean, torch.tensor([0.3])) and math.isclose(float(std), 1.0, rel_tol=1e-6)
     # a = 0: the deterministic Euler step
     mean, std = sde_step_moments(x, v, 0.3, 0.1, 0.0)
     assert torch.allclose(mean, x - 0.1 * v) and float(std) == 0.0

@@ -46,7 +46,9 @@ class RLConfig:
     checkpointing: bool = False  # recompute each transformer layer in backward (activation memory)
     precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
     fsdp: bool = False  # torchrun: shard parameters, gradients and optimizer state over the ranks (trainable=all)
-    noise_level: float = 0.5  # ppo: Flow-SDE noise level (pi0.models.flow_sde)
+    # ppo: Flow-SDE noise level a (pi0.models.flow_sde). At step 0 the step's std is a and its mean keeps the initial
+    # noise scaled by about 1 - 1/N - a^2/2, so a = 1 puts most randomness where the log-density credits it (README)
+    noise_level: float = 1.0
     # ppo: the stochastic denoising step. 0 (t = 1): its noise moves the chunk enough for the advantage to credit it;
     # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
     sde_step: int = 0

@@ -251,7 +251,7 @@ def success_windows(objective: FlowMatchingObjective, col: Collection) -> list[W
 
 
 def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner, sampler: InitStateSampler,
-        opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 0.5,
+        opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 1.0,
         steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None) -> PolicyUpdate:
     """Rejection-sampling fine-tuning (RFT) for ``seconds`` of wall-clock: each iteration collects K rollouts from
     each of B init states as the PPO objective does (Flow-SDE), adds the successful ones' windows to the demo
