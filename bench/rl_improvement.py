@@ -3,7 +3,8 @@ r"""Bench: does RL improve a *converged* few-shot pi0 beyond what its demonstrat
 Protocol:
 1. Start: a tiny pi0 (same architecture, small sizes) trained by SFT on ``--num_demos`` scripted-expert demos per task
    until success on ``--val_states`` validation init states has not improved for ``--patience`` checks (every
-   ``--check_every`` steps; the best weights are kept; at most ``--sft_steps``). Cached by config hash.
+   ``--check_every`` steps; the best weights are kept; at most ``--sft_steps``). Cached by config hash. A plateau
+   outside ``--plateau_band`` (0.15-0.5) scales N by 0.75 (above) or 4/3 (below) and retrains, at most 3 times.
 2. Arms, each in its own process from the same start, side by side (they share the machine's 2 cores equally), each
    for ``--minutes`` of wall-clock: ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
    (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts, collected
@@ -59,6 +60,9 @@ class Config:
     objective: str = "ppo"  # the RL arm's objective: ppo | cfg
     # the start
     num_demos: int = 200  # expert demos per task (init states 0..n-1); 200 -> a plateau near 0.4 on task 4
+    # the start's validation plateau must lie in [lo, hi] (the issue's 0.15-0.5): outside it, N is scaled by 0.75
+    # (above) or 4/3 (below) and the start retrained, at most 3 times ([]: take num_demos as given)
+    plateau_band: list[float] = field(default_factory=lambda: [0.15, 0.5])
     sft_steps: int = 10000  # most warm-start SFT steps
     check_every: int = 250  # SFT steps between validation checks
     patience: int = 8  # checks without a new best before the start counts as converged
@@ -80,6 +84,8 @@ class Config:
     noise_level: float = 1.0  # ppo (and the RFT arm's collection, which collects as RL does)
     sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch; RLConfig.sde_step)
     clip: float = 0.2  # ppo
+    value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
+    value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
     p_uncond: float = 0.3  # cfg
     cfg_guidance: float = 1.5  # cfg: the w the RL arm collects and is evaluated with
     # RFT
@@ -127,14 +133,38 @@ def make_runner(cfg: Config, policy: PI0Policy, num_envs: int):
     return env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=num_init_states(cfg))
 
 
+def next_num_demos(n: int, plateau: float, band: list[float], max_n: int) -> int | None:
+    """The next N to try when a start with ``n`` demos plateaus at ``plateau`` outside ``band`` = [lo, hi]: n x 0.75
+    above, n x 4/3 below (a multiple of 10, within 10..max_n); None when inside the band (or no band, or no change)."""
+    if not band or band[0] <= plateau <= band[1]:
+        return None
+    m = min(max(10, round(n * (0.75 if plateau > band[1] else 4 / 3) / 10) * 10), max_n)
+    return None if m == n else m
+
+
 def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
-    """The converged few-shot start (cached) + its demo windows, cache dir and record."""
+    """The converged few-shot start (cached) + its demo windows, cache dir and record. Outside an arm, N is searched
+    until the validation plateau lies in ``plateau_band`` (``cfg.num_demos`` is set to the N used; the record's
+    ``tried`` lists every N and plateau)."""
     val, _, _ = splits(cfg)
-    demos = [(t, i) for t in cfg.task for i in range(cfg.num_demos)]
-    policy, windows, root = cached_warm_start(
-        tiny_config(cfg), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
-        stop=Plateau(val, cfg.check_every, cfg.patience), env=cfg.env)
-    return policy, windows, root, json.loads((root / "warm_start.json").read_text())
+    if cfg.plateau_band and len(cfg.plateau_band) != 2:
+        raise SystemExit(f"error: --plateau_band takes two numbers (lo hi) or none, got {cfg.plateau_band}")
+    tried = []
+    while True:
+        demos = [(t, i) for t in cfg.task for i in range(cfg.num_demos)]
+        policy, windows, root = cached_warm_start(
+            tiny_config(cfg), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
+            stop=Plateau(val, cfg.check_every, cfg.patience), env=cfg.env)
+        rec = json.loads((root / "warm_start.json").read_text())
+        tried.append({"demos": cfg.num_demos, "steps": rec["steps"], "plateau": rec["plateau"]})
+        n = None if cfg.arm or len(tried) > 3 else next_num_demos(cfg.num_demos, rec["plateau"], cfg.plateau_band,
+                                                                    cfg.train_states)
+        if n is None:
+            break
+        print(f"start: {cfg.num_demos} demos plateau at {rec['plateau']:.3f} on validation, outside "
+              f"{cfg.plateau_band}: retraining with {n} demos", flush=True)
+        cfg.num_demos = n
+    return policy, windows, root, {**rec, "tried": tried}
 
 
 class Snapshots:
@@ -182,10 +212,11 @@ def run_arm(cfg: Config) -> None:
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)
     if cfg.arm == "rl":
         rl = RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
-                      sde_step=cfg.sde_step,
+                      sde_step=cfg.sde_step, value_baseline=cfg.value_baseline,
                       num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                       cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed,
-                      opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size))
+                      opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
+                                          value_lr=cfg.value_lr))
         RIPTTrainer(policy, runner, sampler, rl).train(10**9, seconds=seconds, callback=callback)
     elif cfg.arm == "rft":
         rft(policy, windows, runner, sampler, sft_opt, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
@@ -244,7 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
     n = len(held)
     print(f"before: held-out success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)
     # the arms, side by side, each in its own process
-    procs = {arm: subprocess.Popen([sys.executable, __file__, *argv, "--arm", arm]) for arm in ARMS}
+    procs = {arm: subprocess.Popen([sys.executable, __file__, *argv, "--num_demos", str(cfg.num_demos), "--arm", arm])
+             for arm in ARMS}
     failed = [arm for arm, p in procs.items() if p.wait() != 0]
     if failed:
         raise SystemExit(f"error: arm(s) {failed} failed; see their output above")
@@ -258,7 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     for arm, rate in (("rl", after), ("sft", sft_rate), ("rft", rft_rate)):
         print(f"{arm}: held-out success {rate:.3f} +- {se(rate, n):.3f} after {arms[arm]['trained_minutes']:.1f} min",
               flush=True)
-    result = {"config": asdict(cfg), "start": {k: rec[k] for k in ("demos", "steps", "plateau", "curve", "seconds")},
+    start_keys = ("demos", "steps", "plateau", "curve", "seconds", "tried")
+    result = {"config": asdict(cfg), "start": {k: rec[k] for k in start_keys},
               "held_out_states": n, "before": before, "after": after, "w1": w1, "sft": sft_rate, "rft": rft_rate,
               "se": {k: se(v, n) for k, v in (("before", before), ("after", after), ("sft", sft_rate),
                                              ("rft", rft_rate))},

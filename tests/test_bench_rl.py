@@ -1,4 +1,5 @@
-"""bench/rl_improvement.py's bookkeeping: snapshot marks along an arm's budget and the curve's held-out subset."""
+"""bench/rl_improvement.py's bookkeeping: snapshot marks along an arm's budget, the curve's held-out subset and the
+start's search for N."""
 
 from __future__ import annotations
 
@@ -39,3 +40,16 @@ def test_curve_subset_takes_the_first_states_of_each_task():
     held = [(t, i) for t in cfg.task for i in range(10, 14)]
     assert curve_subset(cfg, held) == [(1, 10), (1, 11), (2, 10), (2, 11)]
     assert curve_subset(Config(task=[1, 2], eval_start=10, eval_states=4), held) == held  # 0: all of them
+
+
+def test_next_num_demos_moves_n_toward_the_plateau_band():
+    from rl_improvement import next_num_demos
+
+    band = [0.15, 0.5]
+    assert next_num_demos(200, 0.65, band, 1500) == 150  # above: x 0.75 (seed 2's start: 0.65 -> 150 demos)
+    assert next_num_demos(150, 0.10, band, 1500) == 200  # below: x 4/3
+    assert next_num_demos(200, 0.42, band, 1500) is None and next_num_demos(200, 0.5, band, 1500) is None  # inside
+    assert next_num_demos(1200, 0.0, band, 1500) == 1500  # capped by the training states
+    assert next_num_demos(1500, 0.0, band, 1500) is None  # nothing left to add
+    assert next_num_demos(10, 0.9, band, 1500) is None  # the floor
+    assert next_num_demos(200, 0.65, [], 1500) is None  # no band: num_demos as given

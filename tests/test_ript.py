@@ -17,7 +17,7 @@ from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import (PI0_CFG_Adapter, cfg
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
 from pi0.ript.collection import RolloutGenerator
 from pi0.ript.objectives import CFGObjective, FlowMatchingObjective, action_target
-from pi0.ript.algos.rloo import informative_groups, optimality_labels, rloo_advantages
+from pi0.ript.algos.rloo import informative_groups, optimality_labels, rloo_advantages, value_baselined_advantages
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.reward_function import BinarySuccessReward
 from pi0.ript.trainer import RIPTTrainer, RLConfig, enable_optimality_condition
@@ -40,6 +40,20 @@ def test_rloo_hand_values_and_bad_shape():
     np.testing.assert_allclose(a, [[1 - 0.25, 0 - 0.75, 0.5 - 0.5]])
     with pytest.raises(ValueError, match="K >= 2"):
         rloo_advantages(np.array([[1.0]]))
+
+
+def test_value_baselined_advantages_by_hand():
+    # a success (RLOO A = 6/7) whose value rose 0.2 -> 0.5 -> 0.9: later decisions get less credit,
+    # A_t = 6/7 - (V_t - 0.2) = 6/7, 6/7 - 0.3, 6/7 - 0.7
+    np.testing.assert_allclose(value_baselined_advantages(6 / 7, np.array([0.2, 0.5, 0.9])),
+                               [6 / 7, 6 / 7 - 0.3, 6 / 7 - 0.7])
+    # a failure (A = -2/7) after the value fell 0.6 -> 0.1: the decision that lost the odds keeps the blame,
+    # the one taken from the lost state is blamed less: -2/7, -2/7 + 0.5
+    np.testing.assert_allclose(value_baselined_advantages(-2 / 7, np.array([0.6, 0.1])), [-2 / 7, -2 / 7 + 0.5])
+    # a constant value (the head at its zero init) gives RLOO's advantage to every decision
+    assert value_baselined_advantages(0.25, np.zeros(4)).tolist() == [0.25] * 4
+    with pytest.raises(ValueError, match="T >= 1"):
+        value_baselined_advantages(1.0, np.zeros(0))
 
 
 def test_labels_all_equal_group_has_no_positives():

@@ -158,6 +158,9 @@ class Pi0Config(DictConfig):
     # RL (CFG-style advantage conditioning): a learned, zero-initialised "optimality" embedding added to the
     # state token of the suffix. Off by default, so converted checkpoints load strictly and compute as before.
     optimality_condition: bool = False
+    # RL (PPO): a value head V(observation) on detached features (pi0: the state token's expert output; pi0.5: the
+    # mean prefix output), the per-decision baseline of ``algo.value_baseline``. Off by default, like the condition.
+    value_head: bool = False
     # pi0.5 (openpi Pi0Config(pi05=True)): no state token; the action tokens are action_in_proj(x_t) alone and the
     # time enters through adaptive RMSNorms in the action expert (time_mlp_in/out -> adaRMS condition).
     pi05: bool = False

@@ -24,7 +24,7 @@ from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 # and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
 _FP32_PARAM_MARKERS = ("layernorm", "layer_norm", ".norm.", "patch_embedding", "position_embedding")
 _FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.",
-               "time_mlp_in.", "time_mlp_out.", "optimality_embedding")
+               "time_mlp_in.", "time_mlp_out.", "optimality_embedding", "value_head.")
 
 
 TRAINABLE = ("all", "expert", "lora")  # PI0Model.set_trainable
@@ -42,6 +42,22 @@ def _is_fp32_param(name: str) -> bool:
 def param_storage_dtype(name: str, dtype: str) -> torch.dtype:
     """Storage dtype of parameter ``name`` under precision ``dtype`` ("float32" or openpi's "bfloat16" mix)."""
     return torch.float32 if dtype == "float32" or _is_fp32_param(name) else torch.bfloat16
+
+
+class ValueHead(nn.Module):
+    """V(features) for PPO's per-decision baseline: (B, W) -> (B,) float32, a two-layer MLP whose output layer starts
+    at zero (V = 0, so the baseline starts as RLOO's alone). Its hidden width is min(W, 256)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        hidden = min(width, 256)
+        self.fc1, self.fc2, self.out = nn.Linear(width, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, 1)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.fc2(F.silu(self.fc1(feats.to(self.fc1.weight.dtype)))))
+        return self.out(h)[:, 0].float()
 
 
 class PI0Model(nn.Module):
@@ -68,6 +84,8 @@ class PI0Model(nn.Module):
         self.fast_sampler: FastSampler | None = None  # see enable_fast_sampling
         if cfg.optimality_condition:
             self.optimality_embedding = nn.Parameter(torch.zeros(w))
+        if cfg.value_head:
+            self.value_head = ValueHead(cfg.paligemma.width if cfg.pi05 else w)
         self.apply_precision()
 
     def set_trainable(self, mode: str = "all") -> "PI0Model":
@@ -101,6 +119,29 @@ class PI0Model(nn.Module):
             ref = self.action_in_proj.weight
             self.optimality_embedding = nn.Parameter(torch.zeros(ref.shape[0], dtype=torch.float32, device=ref.device))
         return self
+
+    def enable_value_head(self) -> "PI0Model":
+        """Add the value head (:class:`ValueHead`, V = 0 until trained) for PPO's per-decision baseline."""
+        if not self.cfg.value_head:
+            self.cfg = dataclasses.replace(self.cfg, value_head=True)
+            self.paligemma_with_expert.cfg = self.cfg
+            ref = self.action_in_proj.weight
+            self.value_head = ValueHead(self.cfg.paligemma.width if self.cfg.pi05 else ref.shape[0]).to(ref.device)
+        return self
+
+    def value_from(self, prefix_out: torch.Tensor | None, prefix_pad: torch.Tensor, suffix_out: torch.Tensor | None
+                   ) -> torch.Tensor:
+        """Value V (B,) float32 of the observation from one forward's outputs, on DETACHED features: pi0's state
+        token output (B, W) (it attends to the prefix and itself only, so x_t and t do not change it), or pi0.5's
+        mean valid prefix output (B, D). The head trains alone; the policy's trunk never sees the value loss."""
+        if self.cfg.pi05:
+            assert prefix_out is not None
+            m = prefix_pad[..., None].to(prefix_out.dtype)
+            feats = (prefix_out * m).sum(1) / m.sum(1).clamp_min(1.0)
+        else:
+            assert suffix_out is not None
+            feats = suffix_out[:, 0]
+        return self.value_head(feats.detach().float())
 
     # ------------------------------------------------------------------ precision
     def set_dtype(self, dtype: str) -> "PI0Model":
@@ -235,29 +276,36 @@ class PI0Model(nn.Module):
 
     def predict_velocity(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                          lang_masks: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, time: torch.Tensor,
-                         condition: torch.Tensor | None = None) -> torch.Tensor:
-        """v_theta(x_t, t | condition (B,)) (B, H, A) from one joint pass over prefix + suffix (training path)."""
+                         condition: torch.Tensor | None = None, return_value: bool = False
+                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """v_theta(x_t, t | condition (B,)) (B, H, A) from one joint pass over prefix + suffix (training path);
+        with ``return_value`` also the value head's V (B,) of the same pass."""
         p_emb, p_pad, p_ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         s_emb, s_pad, s_ar, s_cond = self.embed_suffix(state, x_t, time, condition)
         pad = torch.cat([p_pad, s_pad], 1)
         mask = make_attn_mask(pad, torch.cat([p_ar, s_ar]))
-        (_, s_out), _ = self.paligemma_with_expert([p_emb, s_emb], mask, make_positions(pad),
-                                                   adarms_cond=[None, s_cond])
-        return self._velocity(s_out, x_t.shape[1])
+        (p_out, s_out), _ = self.paligemma_with_expert([p_emb, s_emb], mask, make_positions(pad),
+                                                       adarms_cond=[None, s_cond])
+        v = self._velocity(s_out, x_t.shape[1])
+        return (v, self.value_from(p_out, p_pad, s_out)) if return_value else v
 
     # ------------------------------------------------------------------ inference
     def encode_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-                      lang_masks: torch.Tensor) -> tuple[KVCache, torch.Tensor]:
-        """Run the prefix once -> (per-layer kv cache (B,Tp,K,H) after RoPE, prefix pad mask (B,Tp))."""
+                      lang_masks: torch.Tensor, return_output: bool = False
+                      ) -> tuple[KVCache, torch.Tensor] | tuple[KVCache, torch.Tensor, torch.Tensor]:
+        """Run the prefix once -> (per-layer kv cache (B,Tp,K,H) after RoPE, prefix pad mask (B,Tp)
+        [, with ``return_output``: the VLM's final-normed prefix output (B,Tp,D)])."""
         emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
-        _, cache = self.paligemma_with_expert([emb, None], make_attn_mask(pad, ar), make_positions(pad),
-                                              return_kv_cache=True)
+        (p_out, _), cache = self.paligemma_with_expert([emb, None], make_attn_mask(pad, ar), make_positions(pad),
+                                                       return_kv_cache=True)
         assert cache is not None
-        return cache, pad
+        return (cache, pad, p_out) if return_output else (cache, pad)
 
     def denoise_step(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor,
-                     time: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
-        """One velocity evaluation on a cached prefix: x_t (B,H,A), t (B,), condition (B,) -> v_t (B,H,A).
+                     time: torch.Tensor, condition: torch.Tensor | None = None, return_suffix: bool = False
+                     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One velocity evaluation on a cached prefix: x_t (B,H,A), t (B,), condition (B,) -> v_t (B,H,A)
+        [, with ``return_suffix``: the expert's suffix output (B,Ts,W)].
 
         as in openpi pi0.py sample_actions step(): suffix queries see every valid prefix key plus
         the suffix block mask; suffix positions continue from sum(prefix_mask).
@@ -269,7 +317,8 @@ class PI0Model(nn.Module):
         positions = make_positions(s_pad, offset=prefix_pad.sum(-1))
         (_, s_out), _ = self.paligemma_with_expert([None, s_emb], mask, positions, kv_cache=kv_cache,
                                                    adarms_cond=[None, s_cond])
-        return self._velocity(s_out, x_t.shape[1])
+        v = self._velocity(s_out, x_t.shape[1])
+        return (v, s_out) if return_suffix else v
 
     @torch.no_grad()
     def sample_actions(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
@@ -300,7 +349,8 @@ class PI0Model(nn.Module):
         """Flow-SDE sampling (``pi0.models.flow_sde``): Euler steps, except step ``sde_step`` k (default: drawn
         uniformly from 0..N-1 with ``generator``), a Gaussian transition. noise (B,H,A) ->
         {"actions" (B,H,A), "chain" (B,N+1,H,A): x at t = 1, 1-1/N, ..., 0, "sde_step" k,
-         "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise}.
+         "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise,
+         "value" (B,) the value head's V of the observation, with ``cfg.value_head``}.
 
         as in RLinf's hybrid ODE/SDE sampler (one stochastic step per call, shared by the batch).
         """
@@ -310,11 +360,14 @@ class PI0Model(nn.Module):
             sde_step = int(torch.randint(num_steps, (1,), generator=generator))
         if not 0 <= sde_step < num_steps:
             raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
-        kv_cache, prefix_pad = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
+        kv_cache, prefix_pad, p_out = self.encode_prefix(images, img_masks, lang_tokens, lang_masks, return_output=True)
         x = noise.float()
-        chain, log_prob = [x], None
+        chain, log_prob, value = [x], None, None
         for k, t in enumerate(times):
-            v = self.denoise_step(kv_cache, prefix_pad, state, x, torch.full((x.shape[0],), t, device=x.device))
+            v, s_out = self.denoise_step(kv_cache, prefix_pad, state, x, torch.full((x.shape[0],), t, device=x.device),
+                                         return_suffix=True)
+            if k == 0 and self.cfg.value_head:
+                value = self.value_from(p_out, prefix_pad, s_out)
             if k == sde_step:
                 mean, std = sde_step_moments(x, v, t, dt, noise_level)
                 eps = torch.randn(x.shape, generator=generator, device="cpu").to(x.device)
@@ -323,12 +376,15 @@ class PI0Model(nn.Module):
             else:
                 x = x - dt * v  # the deterministic Euler step (t decreasing)
             chain.append(x)
-        return {"actions": x, "chain": torch.stack(chain, 1), "sde_step": sde_step, "log_prob": log_prob}
+        out = {"actions": x, "chain": torch.stack(chain, 1), "sde_step": sde_step, "log_prob": log_prob}
+        return {**out, "value": value} if value is not None else out
 
     def step_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                       lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, sde_step: int | torch.Tensor,
-                      num_steps: int, noise_level: float) -> torch.Tensor:
-        """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient.
+                      num_steps: int, noise_level: float, return_value: bool = False
+                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient
+        [, with ``return_value``: the value head's V (B,) from the same pass].
 
         chain (B,N+1,H,A); ``sde_step`` k: one int, or (B,) per sample. The recorded step of ``sample_actions_sde``
         re-evaluated (PPO's new log-probability); unchanged weights give the recorded ``log_prob``.
@@ -338,9 +394,11 @@ class PI0Model(nn.Module):
         rows = torch.arange(b, device=chain.device)
         t = torch.tensor(sde_times(num_steps), dtype=torch.float32, device=chain.device)[k]  # (B,)
         x = chain[rows, k].float()
-        v = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t)
+        out = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t, return_value=return_value)
+        v, value = out if return_value else (out, None)
         mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level)
-        return gaussian_log_prob(chain[rows, k + 1].float(), mean, std)
+        lp = gaussian_log_prob(chain[rows, k + 1].float(), mean, std)
+        return (lp, value) if return_value else lp
 
     def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

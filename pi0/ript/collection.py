@@ -179,4 +179,6 @@ class SDEChunkPolicy:
         extras = {**window_extras(arrays, inp["state"], inp["lang_tokens"], inp["lang_masks"]),
                   "chain": rec["chain"].cpu().numpy(), "sde_step": np.full(len(obs), rec["sde_step"]),
                   "log_prob": rec["log_prob"].cpu().numpy()}
+        if "value" in rec:  # the value head's V of each observation (PPO's per-decision baseline)
+            extras["value"] = rec["value"].cpu().numpy()
         return PolicyOutput(actions=actions.numpy(), extras=extras)

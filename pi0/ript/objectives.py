@@ -26,6 +26,7 @@ from pi0.models.flow import sample_time
 from pi0.models.flow_sde import masked_sum
 from pi0.policies.normalize import normalize, unnormalize
 from pi0.policies.pi0 import PI0Policy
+from pi0.ript.algos.rloo import value_baselined_advantages
 from pi0.rollout import Episode
 
 Window = dict[str, Any]
@@ -116,9 +117,10 @@ class FlowMatchingObjective:
                     tokens=ex["tokenized_prompt"], token_mask=ex["tokenized_prompt_mask"], actions=actions,
                     action_mask=mask, label=float(advantage > 1e-9), advantage=float(advantage), step=step, **more)
 
-    def episode_windows(self, episode: Episode, advantage: float = 0.0) -> list[Window]:
+    def episode_windows(self, episode: Episode, advantage: float = 0.0, reward: float = 0.0) -> list[Window]:
         """One window per decision point of a rollout, each with ITS OWN observation and the chunk the policy sampled
-        there (``model_actions`` of ``Pi0ChunkPolicy``, or the SDE chain's last state): every row, all dims."""
+        there (``model_actions`` of ``Pi0ChunkPolicy``, or the SDE chain's last state): every row, all dims
+        (``reward``: the episode's, used by PPO's value baseline only)."""
         out = []
         for d in episode.decisions:
             ex = d.extras
@@ -218,16 +220,31 @@ class CFGObjective(FlowMatchingObjective):
 class PPOObjective(FlowMatchingObjective):
     """LOOP for pi0 (module docstring): windows of SDE-collected episodes carry the denoising chain, the stochastic
     step and the behaviour log-density (summed over the executed rows x env action dims, the part that reached the
-    env); the loss is :func:`clipped_surrogate` of the recomputed log-density."""
+    env); the loss is :func:`clipped_surrogate` of the recomputed log-density.
 
-    def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2):
+    ``value_baseline`` (the policy needs its value head): each decision's advantage is the episode's RLOO advantage
+    minus the value head's change since the episode's first decision (``value_baselined_advantages``, values recorded
+    at collection), and the loss adds the head's squared error to the episode's reward (the head's features are
+    detached, so that term trains the head alone)."""
+
+    def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2, value_baseline: bool = False):
         super().__init__(policy)
         self.noise_level, self.clip = float(noise_level), float(clip)
+        if value_baseline and not policy.model.cfg.value_head:
+            raise ValueError("value_baseline needs the policy's value head: call policy.model.enable_value_head()")
+        self.value_baseline = bool(value_baseline)
 
-    def episode_windows(self, episode: Episode, advantage: float = 0.0) -> list[Window]:
-        """One window per decision point: its observation, chain, stochastic step, executed mask and old log-prob."""
+    def episode_windows(self, episode: Episode, advantage: float = 0.0, reward: float = 0.0) -> list[Window]:
+        """One window per decision point: its observation, chain, stochastic step, executed mask, old log-prob
+        (and with the value baseline its own advantage and the episode's reward, the head's target)."""
+        advs = [advantage] * len(episode.decisions)
+        if self.value_baseline and episode.decisions:
+            if any("value" not in d.extras for d in episode.decisions):
+                raise ValueError("episode decisions lack the value head's 'value': collect with a value-head policy")
+            advs = value_baselined_advantages(advantage, np.array([float(d.extras["value"])
+                                                                   for d in episode.decisions]))
         out = []
-        for d in episode.decisions:
+        for d, adv in zip(episode.decisions, advs):
             ex = d.extras
             if "chain" not in ex:
                 raise ValueError("episode decisions lack SDE extras: collect with pi0.ript.collection.SDEChunkPolicy")
@@ -235,28 +252,38 @@ class PPOObjective(FlowMatchingObjective):
             mask = np.zeros(chain.shape[1:], np.float32)  # (H, A): the executed rows x the env's action dims
             mask[: d.num_executed, : self.policy.action_dim] = 1.0
             logp_old = float((np.asarray(ex["log_prob"], np.float64) * mask).sum())
-            out.append(self._window(ex, chain[-1], mask, advantage, d.step, chain=chain, sde_step=int(ex["sde_step"]),
-                                    logp_old=logp_old))
+            out.append(self._window(ex, chain[-1], mask, float(adv), d.step, chain=chain, sde_step=int(ex["sde_step"]),
+                                    logp_old=logp_old, ret=float(reward)))
         return out
 
     def collate(self, windows: Sequence[Window]) -> dict[str, torch.Tensor]:
-        """The flow batch + chain (B,N+1,H,A), sde_step (B,), logp_old (B,)."""
+        """The flow batch + chain (B,N+1,H,A), sde_step (B,), logp_old (B,) (+ ret (B,) with the value baseline)."""
         batch = super().collate(windows)
         dev = batch["state"].device
         batch["chain"] = torch.as_tensor(np.stack([w["chain"] for w in windows])).to(dev)
         batch["sde_step"] = torch.tensor([w["sde_step"] for w in windows], device=dev)
         batch["logp_old"] = torch.tensor([w["logp_old"] for w in windows], dtype=torch.float32, device=dev)
+        if self.value_baseline:  # the value head's target: the episode's reward
+            batch["ret"] = torch.tensor([w["ret"] for w in windows], dtype=torch.float32, device=dev)
         return batch
 
     def loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, dict[str, float]]:
-        """LOOP: the clipped surrogate of the chunk log-prob ratio and the RLOO advantages (scalar) + stats."""
-        lp = self.policy.model.step_log_prob(batch["images"], batch["img_masks"], batch["lang_tokens"],
-                                             batch["lang_masks"], batch["state"], batch["chain"], batch["sde_step"],
-                                             self.policy.config.num_steps, self.noise_level)
+        """LOOP: the clipped surrogate of the chunk log-prob ratio and the advantages (+ the value head's squared
+        error) (scalar) + stats."""
+        out = self.policy.model.step_log_prob(batch["images"], batch["img_masks"], batch["lang_tokens"],
+                                              batch["lang_masks"], batch["state"], batch["chain"], batch["sde_step"],
+                                              self.policy.config.num_steps, self.noise_level,
+                                              return_value=self.value_baseline)
+        lp, value = out if self.value_baseline else (out, None)
         logp_new = masked_sum(lp, batch["action_mask"])
         loss, st = clipped_surrogate(logp_new, batch["logp_old"], batch["advantage"], self.clip, self.clip)
-        return loss, {"loss": float(loss.detach()), **st}
+        st = {"loss": float(loss.detach()), **st}
+        if value is not None:  # detached features: this term's gradient reaches the value head only
+            value_loss = ((value - batch["ret"]) ** 2).mean()
+            loss = loss + value_loss
+            st["value_loss"] = float(value_loss.detach())
+        return loss, st
 
 
 OBJECTIVES = ("ppo", "cfg")

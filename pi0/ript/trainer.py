@@ -53,6 +53,9 @@ class RLConfig:
     # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
     sde_step: int = 0
     clip: float = 0.2  # ppo: ratio clip
+    # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
+    # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
+    value_baseline: bool = False
     num_groups: int = 4  # B init states per iteration
     group_size: int = 8  # K rollouts per init state (rloo_batch_size)
     p_uncond: float = 0.3  # cfg: condition dropout of positive windows
@@ -76,7 +79,8 @@ def enable_optimality_condition(policy: PI0Policy, guidance: float | None = None
 
 def collection_windows(objective: FlowMatchingObjective, col: Collection) -> list[Window]:
     """Windows of every episode of the kept groups, each with its episode's RLOO advantage."""
-    return [w for g in col.groups for ep, a in zip(g.episodes, g.advantages) for w in objective.episode_windows(ep, a)]
+    return [w for g in col.groups for ep, a, r in zip(g.episodes, g.advantages, g.rewards)
+            for w in objective.episode_windows(ep, float(a), float(r))]
 
 
 def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
@@ -84,7 +88,13 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"algo.objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
     if cfg.objective == "ppo":
-        return PPOObjective(policy, cfg.noise_level, cfg.clip)
+        if cfg.value_baseline:
+            policy.model.enable_value_head()
+            policy.config.model = policy.model.cfg
+        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline)
+    if cfg.value_baseline:
+        raise ValueError("algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
+                         "algo.objective=cfg")
     if not policy.config.model.optimality_condition:
         enable_optimality_condition(policy)
     policy.config.cfg_guidance = float(cfg.cfg_guidance)

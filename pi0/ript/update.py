@@ -39,7 +39,13 @@ class OptimizerConfig:
     epochs: int = 1  # passes over the collected windows per update
     minibatch_size: int = 32  # windows per forward pass
     grad_accum_steps: int = 1  # minibatches per optimizer step
-    max_grad_norm: float = 1.0  # <= 0: no clipping
+    max_grad_norm: float = 1.0  # <= 0: no clipping (per parameter group: the policy, the value head)
+    value_lr: float = 1e-3  # the value head's lr (PPO's value baseline; a small fresh head, trained alone)
+
+
+def is_value_param(name: str) -> bool:
+    """True for the value head's parameters (``PI0Model.value_head``; FSDP2 keeps the name)."""
+    return name.startswith("value_head.") or ".value_head." in name
 
 
 class PolicyUpdate:
@@ -54,15 +60,22 @@ class PolicyUpdate:
         self.info = info or DistInfo()
         self.sharded = is_sharded(objective.policy.model)  # FSDP2: params, grads and AdamW state are rank shards
         self._template: Window | None = None  # FSDP2: a window for zero-weighted padding minibatches
-        self.params = [p for p in objective.policy.model.parameters() if p.requires_grad]
-        if not self.params:
+        named = [(n, p) for n, p in objective.policy.model.named_parameters() if p.requires_grad]
+        named.sort(key=lambda np_: is_value_param(np_[0]))  # the policy's parameters first, then the value head's
+        self.params = [p for _, p in named]
+        self.num_value = sum(is_value_param(n) for n, _ in named)
+        if len(self.params) == self.num_value:
             raise ValueError("the policy has no trainable parameters (PI0Model.set_trainable)")
         # mixed precision: trainable parameters stored in bf16 get float32 master copies; AdamW (and its state) runs
         # on the masters, and each step writes them back rounded to bf16. Float32 parameters are their own masters.
         # Under FSDP2 the float32 shards are the masters (bf16 is only the gathered compute copy).
         self.masters = [p if p.dtype == torch.float32 or self.sharded
                         else p.detach().float().clone().requires_grad_(True) for p in self.params]
-        self.optimizer = torch.optim.AdamW(self.masters, lr=c.lr, weight_decay=c.weight_decay)
+        n_pol = len(self.masters) - self.num_value
+        groups = [{"params": self.masters[:n_pol]}]
+        if self.num_value:  # the value head: its own lr and its own clipping (its gradient never scales the policy's)
+            groups.append({"params": self.masters[n_pol:], "lr": c.value_lr})
+        self.optimizer = torch.optim.AdamW(groups, lr=c.lr, weight_decay=c.weight_decay)
         self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
         self.rng = np.random.default_rng(seed)  # minibatch order
         self.num_skipped = 0  # optimizer steps skipped for a non-finite loss / gradient (lifetime)
@@ -110,12 +123,15 @@ class PolicyUpdate:
         return next(w for w in got if w is not None)
 
     def _apply(self) -> bool:
-        """Clip and step (on the float32 masters); False (grads zeroed) when the gradient norm is non-finite."""
+        """Clip each parameter group and step (on the float32 masters); False (grads zeroed) when a gradient norm is
+        non-finite."""
         c = self.config
-        norm = torch.nn.utils.clip_grad_norm_(self.masters, c.max_grad_norm if c.max_grad_norm > 0 else float("inf"))
-        if not torch.isfinite(full_value(norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            return False
+        for group in self.optimizer.param_groups:
+            norm = torch.nn.utils.clip_grad_norm_(group["params"], c.max_grad_norm if c.max_grad_norm > 0
+                                                  else float("inf"))
+            if not torch.isfinite(full_value(norm)):
+                self.optimizer.zero_grad(set_to_none=True)
+                return False
         self.optimizer.step()
         with torch.no_grad():
             for p, m in zip(self.params, self.masters):

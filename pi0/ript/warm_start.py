@@ -173,7 +173,8 @@ class Plateau:
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
                    opt_cfg: OptimizerConfig, stop: Plateau | None = None, env: str = "arena") -> str:
     """Cache key of a warm-started checkpoint."""
-    blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, asdict(opt_cfg),
+    opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr"}  # no value head in SFT: not in the key
+    blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, opt,
                        asdict(stop) if stop else None, "v2-all-dims"] + ([env] if env != "arena" else []),
                       sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]

@@ -17,6 +17,21 @@ def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
     return r - (r.sum(axis=1, keepdims=True) - r) / (k - 1)
 
 
+def value_baselined_advantages(advantage: float, values: np.ndarray) -> np.ndarray:
+    """An episode's RLOO advantage A and its decisions' values V (T,) -> per-decision advantages (T,):
+    A_t = A - (V_t - V_0).
+
+    The baseline of decision t is RLOO's (the other rollouts' mean reward from the same init state) moved by how much
+    the value head thinks the episode's own earlier decisions changed the odds (V_t - V_0): with gamma = lambda = 1,
+    A_t = R - b_t, and b_t depends only on s_t, s_0 and the other rollouts, so the policy gradient stays unbiased
+    (the advantage estimate of PPO / GAE(lambda = 1), centred by RLOO; a constant V gives RLOO's A back).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or len(v) == 0:
+        raise ValueError(f"values must be (T,) with T >= 1, got shape {v.shape}")
+    return float(advantage) - (v - v[0])
+
+
 def optimality_labels(advantages: np.ndarray, eps: float = 1e-9) -> np.ndarray:
     """Advantages (...) -> bool labels (...): positive iff A > 0 (an all-equal group has none)."""
     return np.asarray(advantages) > eps

@@ -148,6 +148,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
     "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),
     "algo.opt.lr": (lambda v: v > 0.0, "> 0"),
+    "algo.opt.value_lr": (lambda v: v > 0.0, "> 0 (the value head's lr, algo.value_baseline)"),
     "algo.opt.epochs": (lambda v: v >= 1, ">= 1"),
     "algo.opt.minibatch_size": (lambda v: v >= 1, ">= 1"),
     "algo.opt.grad_accum_steps": (lambda v: v >= 1, ">= 1"),
