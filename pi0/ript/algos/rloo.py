@@ -1,4 +1,5 @@
-"""RIPT's group statistics as pure functions: RLOO advantages, optimality labels, dynamic-sampling mask."""
+"""RIPT's group statistics as pure functions: RLOO advantages (and their per-decision value-baselined form),
+optimality labels, dynamic-sampling mask."""
 
 from __future__ import annotations
 
