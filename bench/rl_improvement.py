@@ -147,8 +147,9 @@ def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
     until the validation plateau lies in ``plateau_band`` (``cfg.num_demos`` is set to the N used; the record's
     ``tried`` lists every N and plateau)."""
     val, _, _ = splits(cfg)
-    if cfg.plateau_band and len(cfg.plateau_band) != 2:
-        raise SystemExit(f"error: --plateau_band takes two numbers (lo hi) or none, got {cfg.plateau_band}")
+    band = cfg.plateau_band
+    if band and (len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0):
+        raise SystemExit(f"error: --plateau_band takes two success rates lo <= hi in [0, 1] (or none), got {band}")
     tried = []
     while True:
         demos = [(t, i) for t in cfg.task for i in range(cfg.num_demos)]
