@@ -85,7 +85,7 @@ class PI0Model(nn.Module):
         if cfg.optimality_condition:
             self.optimality_embedding = nn.Parameter(torch.zeros(w))
         if cfg.value_head:
-            self.value_head = ValueHead(cfg.paligemma.width if cfg.pi05 else w)
+            self.value_head = self._new_value_head()
         self.apply_precision()
 
     def set_trainable(self, mode: str = "all") -> "PI0Model":
@@ -125,9 +125,13 @@ class PI0Model(nn.Module):
         if not self.cfg.value_head:
             self.cfg = dataclasses.replace(self.cfg, value_head=True)
             self.paligemma_with_expert.cfg = self.cfg
-            ref = self.action_in_proj.weight
-            self.value_head = ValueHead(self.cfg.paligemma.width if self.cfg.pi05 else ref.shape[0]).to(ref.device)
+            self.value_head = self._new_value_head().to(self.action_in_proj.weight.device)
         return self
+
+    def _new_value_head(self) -> ValueHead:
+        """A fresh :class:`ValueHead` as wide as the features :meth:`value_from` reads (VLM width for pi0.5, else
+        the action expert's)."""
+        return ValueHead(self.cfg.paligemma.width if self.cfg.pi05 else self.cfg.action_expert.width)
 
     def value_from(self, prefix_out: torch.Tensor | None, prefix_pad: torch.Tensor, suffix_out: torch.Tensor | None
                    ) -> torch.Tensor:
