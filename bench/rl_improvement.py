@@ -158,12 +158,12 @@ def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
             stop=Plateau(val, cfg.check_every, cfg.patience), env=cfg.env)
         rec = json.loads((root / "warm_start.json").read_text())
         tried.append({"demos": cfg.num_demos, "steps": rec["steps"], "plateau": rec["plateau"]})
-        n = None if cfg.arm or len(tried) > 3 else next_num_demos(cfg.num_demos, rec["plateau"], cfg.plateau_band,
+        n = None if cfg.arm or len(tried) > 3 else next_num_demos(cfg.num_demos, rec["plateau"], band,
                                                                     cfg.train_states)
         if n is None:
             break
         print(f"start: {cfg.num_demos} demos plateau at {rec['plateau']:.3f} on validation, outside "
-              f"{cfg.plateau_band}: retraining with {n} demos", flush=True)
+              f"{band}: retraining with {n} demos", flush=True)
         cfg.num_demos = n
     return policy, windows, root, {**rec, "tried": tried}
 
