@@ -94,7 +94,12 @@ class Config:
     # held-out states per task for the curve's intermediate snapshots (0: all eval_states); the final snapshot, and so
     # the summary line, always uses all eval_states
     curve_states: int = 0
-    num_envs: int = 0  # envs per runner (0: arena num_groups x group_size in process; MetaWorld 4 subprocess workers)
+    # envs per runner (0: 2 x num_groups x group_size, so that an oversampled round has every group in flight; the
+    # arena in process, MetaWorld spread over `workers` processes)
+    num_envs: int = 0
+    workers: int = 2  # MetaWorld: env worker processes (num_envs / workers envs in each)
+    oversample: float = 1.25  # dynamic sampling: groups started per round / groups expected to be kept (RLConfig)
+    fast_sampling: bool = True  # collect and evaluate through FastSampler (RLConfig.fast_sampling)
     threads: int = 1  # torch threads per process (1 is fastest on a loaded 2-core machine)
     out: str = "runs/bench_rl"
     arm: str = ""  # internal: run one arm ("rl" | "sft" | "rft") in this process
@@ -127,10 +132,13 @@ def tiny_config(cfg: Config) -> TinyArenaConfig:
     return TinyArenaConfig(seed=cfg.seed, max_token_len=24 if cfg.env == "arena" else 32)
 
 
-def make_runner(cfg: Config, policy: PI0Policy, num_envs: int):
-    """A runner of the bench's env (``--num_envs`` overrides ``num_envs``)."""
-    n = cfg.num_envs or (num_envs if cfg.env == "arena" else 4)
-    return env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=num_init_states(cfg))
+def make_runner(cfg: Config, policy: PI0Policy, num_envs: int = 0):
+    """A runner of the bench's env: ``--num_envs`` envs, else ``num_envs``, else 2 x num_groups x group_size
+    (MetaWorld: over ``--workers`` processes)."""
+    n = cfg.num_envs or num_envs or 2 * cfg.num_groups * cfg.group_size
+    per = -(-n // max(1, cfg.workers))
+    return env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=num_init_states(cfg),
+                      envs_per_worker=per)
 
 
 def next_num_demos(n: int, plateau: float, band: list[float], max_n: int) -> int | None:
@@ -197,7 +205,7 @@ def run_arm(cfg: Config) -> None:
     out = Path(cfg.out) / cfg.arm
     out.mkdir(parents=True, exist_ok=True)
     seconds = cfg.minutes * 60
-    runner = make_runner(cfg, policy, cfg.num_groups * cfg.group_size)
+    runner = make_runner(cfg, policy)
     snaps = Snapshots(out, seconds, cfg.snapshots)
     log: list[dict] = []
 
@@ -215,13 +223,15 @@ def run_arm(cfg: Config) -> None:
         rl = RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                       sde_step=cfg.sde_step, value_baseline=cfg.value_baseline,
                       num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
-                      cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed,
+                      cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
+                      fast_sampling=cfg.fast_sampling,
                       opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
                                           value_lr=cfg.value_lr))
         RIPTTrainer(policy, runner, sampler, rl).train(10**9, seconds=seconds, callback=callback)
     elif cfg.arm == "rft":
         rft(policy, windows, runner, sampler, sft_opt, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
-            cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback)
+            cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,
+            fast_sampling=cfg.fast_sampling)
     else:
         upd = None
         while time.perf_counter() - snaps.t0 < seconds:
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"start: {cfg.num_demos} demos x {len(cfg.task)} task(s) ({len(windows)} windows), SFT {rec['steps']} steps "
           f"(best of {len(rec['curve'])} checks), validation plateau {rec['plateau']:.3f}, cached at {root}",
           flush=True)
-    with make_runner(cfg, policy, 50) as r:
+    with make_runner(cfg, policy, 50 if cfg.env == "arena" else 0) as r:
         before = evaluate(r, policy, held, seed=cfg.seed + 100)
     n = len(held)
     print(f"before: held-out success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)

@@ -106,6 +106,11 @@ class PI0Model(nn.Module):
                 p.requires_grad_(is_lora_param(name))
         return self
 
+    def prefix_frozen(self) -> bool:
+        """True when no parameter of SigLIP or the VLM trains (``set_trainable("expert")``): the prefix's keys and
+        values then depend on the inputs alone and can be computed once per window (``predict_velocity(prefix=)``)."""
+        return not any(p.requires_grad for p in self.paligemma_with_expert.paligemma.parameters())
+
     def set_gradient_checkpointing(self, on: bool = True) -> "PI0Model":
         """Recompute each SigLIP and Gemma layer in backward instead of keeping its activations (training memory)."""
         self.paligemma_with_expert.gradient_checkpointing = bool(on)
@@ -264,8 +269,10 @@ class PI0Model(nn.Module):
     def forward(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                 lang_masks: torch.Tensor, state: torch.Tensor, actions: torch.Tensor,
                 noise: torch.Tensor | None = None, time: torch.Tensor | None = None,
-                condition: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-element flow-matching loss (B, H, A) = (v_theta(x_t, t | condition (B,)) - (noise - actions))^2.
+                condition: torch.Tensor | None = None, prefix: tuple[KVCache, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """Per-element flow-matching loss (B, H, A) = (v_theta(x_t, t | condition (B,)) - (noise - actions))^2
+        (``prefix``: a frozen prefix's cache, see :meth:`predict_velocity`).
 
         as in openpi pi0.py compute_loss (without the final mean over action dims).
         """
@@ -275,15 +282,30 @@ class PI0Model(nn.Module):
         if time is None:
             time = sample_time(b, device=actions.device)
         x_t, u_t = flow_matching_pair(actions.float(), noise.float(), time.float())
-        v_t = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x_t, time, condition)
+        v_t = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x_t, time, condition,
+                                    prefix=prefix)
         return (v_t - u_t) ** 2
 
     def predict_velocity(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                          lang_masks: torch.Tensor, state: torch.Tensor, x_t: torch.Tensor, time: torch.Tensor,
-                         condition: torch.Tensor | None = None, return_value: bool = False
+                         condition: torch.Tensor | None = None, return_value: bool = False,
+                         prefix: tuple[KVCache, torch.Tensor] | None = None
                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """v_theta(x_t, t | condition (B,)) (B, H, A) from one joint pass over prefix + suffix (training path);
-        with ``return_value`` also the value head's V (B,) of the same pass."""
+        with ``return_value`` also the value head's V (B,) of the same pass.
+
+        ``prefix``: (per-layer kv cache (B,Tp,K,H), prefix pad (B,Tp)) of ``encode_prefix`` on these inputs, when the
+        prefix is frozen (:meth:`prefix_frozen`): only the suffix runs, on the cache (the same numbers: prefix tokens
+        never attend to the suffix), so an update's epochs train the action expert without re-running the VLM.
+        """
+        if prefix is not None:
+            if self.cfg.pi05 and return_value:
+                raise ValueError("pi0.5's value head reads the prefix output, which a cached prefix does not keep")
+            out = self.denoise_step(prefix[0], prefix[1], state, x_t, time, condition, return_suffix=return_value)
+            if not return_value:
+                return out
+            v, s_out = out
+            return v, self.value_from(None, prefix[1], s_out)
         p_emb, p_pad, p_ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         s_emb, s_pad, s_ar, s_cond = self.embed_suffix(state, x_t, time, condition)
         pad = torch.cat([p_pad, s_pad], 1)
@@ -385,20 +407,23 @@ class PI0Model(nn.Module):
 
     def step_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                       lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, sde_step: int | torch.Tensor,
-                      num_steps: int, noise_level: float, return_value: bool = False
+                      num_steps: int, noise_level: float, return_value: bool = False,
+                      prefix: tuple[KVCache, torch.Tensor] | None = None
                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient
         [, with ``return_value``: the value head's V (B,) from the same pass].
 
         chain (B,N+1,H,A); ``sde_step`` k: one int, or (B,) per sample. The recorded step of ``sample_actions_sde``
-        re-evaluated (PPO's new log-probability); unchanged weights give the recorded ``log_prob``.
+        re-evaluated (PPO's new log-probability); unchanged weights give the recorded ``log_prob``. ``prefix``: a
+        frozen prefix's cache (:meth:`predict_velocity`).
         """
         b = chain.shape[0]
         k = torch.as_tensor(sde_step, device=chain.device).long().expand(b)
         rows = torch.arange(b, device=chain.device)
         t = torch.tensor(sde_times(num_steps), dtype=torch.float32, device=chain.device)[k]  # (B,)
         x = chain[rows, k].float()
-        out = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t, return_value=return_value)
+        out = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t, return_value=return_value,
+                                    prefix=prefix)
         v, value = out if return_value else (out, None)
         mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level)
         lp = gaussian_log_prob(chain[rows, k + 1].float(), mean, std)

@@ -9,6 +9,7 @@ of all ranks reach the global target. ``SDEChunkPolicy`` is the PPO objective's 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,20 +54,58 @@ class Collection:
         return len(self.groups) / self.num_groups if self.num_groups else 0.0
 
 
+def groups_to_start(need: int, kept: int, rolled: int, oversample: float, cap: int) -> int:
+    """How many groups a collection round starts to keep ``need`` informative ones: ceil(need x oversample / q), q =
+    (kept + 3) / (rolled + 4) the kept fraction of the groups rolled so far (smoothed towards 3/4), within
+    [need, max(need, cap)]; ``oversample`` <= 0 starts exactly ``need`` (sequential rounds)."""
+    if oversample <= 0:
+        return need
+    q = (kept + 3.0) / (rolled + 4.0)
+    return int(min(max(need, math.ceil(need * oversample / q - 1e-9)), max(need, cap)))
+
+
+def kept_prefix(done: dict[int, float], num_groups: int, group_size: int, need: int, dynamic_sampling: bool = True
+                ) -> int | None:
+    """Finished episodes' rewards {request index: reward} of ``num_groups`` groups -> the number of leading groups
+    (in the sampler's order) that hold the first ``need`` informative ones, once that is decided; None while it
+    is not (a group is decided when all its ``group_size`` episodes are done; dynamic sampling off: every group
+    counts)."""
+    count = 0
+    for g in range(num_groups):
+        r = [done.get(g * group_size + k) for k in range(group_size)]
+        if any(x is None for x in r):
+            return None
+        count += int(not dynamic_sampling or min(r) != max(r))
+        if count >= need:
+            return g + 1
+    return None
+
+
 class RolloutGenerator:
-    """Collects ``num_groups`` groups of ``group_size`` rollouts per call (bounded by ``max_attempts`` rounds)."""
+    """Collects ``num_groups`` groups of ``group_size`` rollouts per call (bounded by ``max_attempts`` rounds).
+
+    ``oversample`` > 0: each round starts enough groups that dynamic sampling rarely needs another round
+    (:func:`groups_to_start`, at most ``max_groups`` in flight), keeps the first informative ones in the sampler's
+    order (the groups sequential rounds would keep), abandons the rest as soon as that is decided, and gives their
+    states back to the sampler. 0: sequential rounds of exactly the missing number of groups.
+    """
 
     def __init__(self, runner: RolloutRunner, policy: ChunkPolicy, sampler: InitStateSampler, group_size: int = 8,
                  dynamic_sampling: bool = True, history: InitStateHistory | None = None, max_attempts: int = 3,
-                 reward: BinarySuccessReward | None = None):
+                 reward: BinarySuccessReward | None = None, oversample: float = 0.0, max_groups: int = 0):
         if group_size < 2:
             raise ValueError(f"RLOO needs group_size >= 2, got {group_size}")
+        if oversample < 0:
+            raise ValueError(f"oversample must be >= 0 (0: sequential rounds), got {oversample}")
         self.runner, self.policy, self.sampler = runner, policy, sampler
         self.group_size = group_size
         self.dynamic_sampling = dynamic_sampling
         self.history = history
         self.max_attempts = max(1, int(max_attempts))
         self.reward = reward or BinarySuccessReward()
+        self.oversample = float(oversample) if dynamic_sampling else 0.0
+        self.max_groups = int(max_groups)
+        self.kept_total = self.rolled_total = 0  # over this generator's life: the kept fraction for oversampling
 
     def _pick_states(self, n: int) -> tuple[list[tuple[int, int]], int]:
         """Up to ``n`` states not skipped by the history (one pass over the sampler at most) + skip count."""
@@ -81,6 +120,26 @@ class RolloutGenerator:
             out.append(s)
         return out, skipped
 
+    def _round(self, states: list[tuple[int, int]], need: int) -> tuple[list[Episode], int]:
+        """Roll out K episodes of each state -> (episodes of the groups used, in order; number of groups used).
+        Oversampled: stops once the first ``need`` informative groups are decided; the later states go back."""
+        k = self.group_size
+        if len(states) <= need:  # nothing to stop early for
+            return self.runner.run(states, group_size=k, policy=self.policy), len(states)
+        outcome: dict[int, float] = {}
+        result: list[int | None] = [None]
+
+        def stop(finished: dict[int, Episode]) -> bool:
+            for i, ep in finished.items():
+                outcome.setdefault(i, float(self.reward(ep)))
+            result[0] = kept_prefix(outcome, len(states), k, need, self.dynamic_sampling)
+            return result[0] is not None
+
+        finished = self.runner.run_until(states, k, stop, policy=self.policy)
+        used = result[0] if result[0] is not None else len(states)
+        self.sampler.put_back(states[used:])
+        return [finished[i] for i in range(used * k)], used
+
     def _collect(self, num_groups: int, max_attempts: int) -> Collection:
         """Roll out groups until ``num_groups`` informative ones are kept or ``max_attempts`` rounds are used."""
         col = Collection(groups=[])
@@ -92,17 +151,22 @@ class RolloutGenerator:
                                  "informative groups (every sampled state was solved or failed in all rollouts)")
                 break
             col.attempts += 1
-            states, skipped = self._pick_states(num_groups - len(col.groups))
+            need = num_groups - len(col.groups)
+            n = groups_to_start(need, self.kept_total, self.rolled_total, self.oversample, self.max_groups)
+            states, skipped = self._pick_states(n)
             col.num_skipped_states += skipped
             if not states:
                 col.exhausted = "every init state is solved (skipped by the history); nothing left to collect"
                 break
-            episodes = self.runner.run(states, group_size=self.group_size, policy=self.policy)
+            episodes, used = self._round(states, need)
+            states = states[:used]
             rewards = self.reward.group_rewards(episodes, self.group_size)
             adv = rloo_advantages(rewards)
             keep = informative_groups(rewards) if self.dynamic_sampling else np.ones(len(states), bool)
             successes.extend(rewards.ravel().tolist())
             col.num_groups += len(states)
+            self.rolled_total += len(states)
+            self.kept_total += int(keep.sum())
             for g, s in enumerate(states):
                 if self.history is not None:
                     self.history.update(s, rewards[g])
@@ -182,3 +246,9 @@ class SDEChunkPolicy:
         if "value" in rec:  # the value head's V of each observation (PPO's per-decision baseline)
             extras["value"] = rec["value"].cpu().numpy()
         return PolicyOutput(actions=actions.numpy(), extras=extras)
+
+
+def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator) -> SDEChunkPolicy:
+    """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call), shared by the RL arm and
+    RFT so that both collect exactly alike."""
+    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step))

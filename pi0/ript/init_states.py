@@ -37,6 +37,12 @@ class InitStateSampler:
             self._order = list(self.rng.permutation(len(self.pairs)))
         return self.pairs[self._order.pop()]
 
+    def put_back(self, states: Sequence[tuple[int, int]]) -> None:
+        """Return drawn but unused pairs: the next ``len(states)`` draws give them again, in the same order."""
+        index = {p: i for i, p in enumerate(self.pairs)}
+        for s in reversed(list(states)):
+            self._order.append(index[(int(s[0]), int(s[1]))])
+
     def sample(self, n: int) -> list[tuple[int, int]]:
         """``n`` pairs (epoch-style without replacement, wrapping into the next pass)."""
         return [self.next() for _ in range(n)]

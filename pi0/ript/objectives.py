@@ -155,6 +155,38 @@ class FlowMatchingObjective:
             out.append(self._window(ex, tgt, mask, 0.0, d.step, success=float(episode.success)))
         return out
 
+    # ------------------------------------------------------------------ frozen prefix, once per window
+    def attach_prefixes(self, windows: Sequence[Window], batch_size: int = 32) -> bool:
+        """With a frozen prefix (``trainable=expert``): run it once per window without gradient, in batches, and keep
+        its kv cache in the window ("_prefix"), so that every epoch's minibatches run the action expert only (the
+        same loss values: ``PI0Model.predict_velocity(prefix=)``). A cache made under other prefix weights is
+        recomputed. -> False (nothing attached) when the prefix trains or a cache cannot serve this objective."""
+        model = self.policy.model
+        if not windows or not model.prefix_frozen() or (model.cfg.pi05 and model.cfg.value_head):
+            return False
+        frozen = model.paligemma_with_expert.paligemma.parameters()
+        version = hash(tuple((p.data_ptr(), p._version) for p in frozen))
+        todo = [w for w in windows if w.get("_prefix_version") != version]
+        with torch.no_grad():
+            for i in range(0, len(todo), batch_size):
+                chunk = todo[i: i + batch_size]
+                b = FlowMatchingObjective.collate(self, chunk)
+                cache, pad = model.encode_prefix(b["images"], b["img_masks"], b["lang_tokens"], b["lang_masks"])
+                for j, w in enumerate(chunk):
+                    w["_prefix"] = ([(k[j], v[j]) for k, v in cache], pad[j])
+                    w["_prefix_version"] = version
+        if len({tuple(w["_prefix"][1].shape) for w in windows}) != 1:  # prefixes of different lengths: no batching
+            self.detach_prefixes(windows)
+            return False
+        return True
+
+    @staticmethod
+    def detach_prefixes(windows: Sequence[Window]) -> None:
+        """Drop the kv caches of :meth:`attach_prefixes` (the windows' memory back)."""
+        for w in windows:
+            w.pop("_prefix", None)
+            w.pop("_prefix_version", None)
+
     # ------------------------------------------------------------------ batches and loss
     def collate(self, windows: Sequence[Window]) -> dict[str, torch.Tensor]:
         """Windows -> model batch: images 2 x (B,3,S,S) in [-1,1], masks, tokens, state (B,32), actions, ..."""
@@ -168,10 +200,15 @@ class FlowMatchingObjective:
         while len(images) < n_cam:  # absent cameras (right wrist): zero image, mask False, as at inference
             images.append(torch.full_like(images[0], -1.0))
             masks.append(torch.zeros(b, dtype=torch.bool, device=dev))
-        return dict(images=images[:n_cam], img_masks=masks[:n_cam], lang_tokens=st("tokens", torch.long),
-                    lang_masks=st("token_mask", torch.bool), state=st("state", torch.float32),
-                    actions=st("actions", torch.float32), action_mask=st("action_mask", torch.float32),
-                    label=st("label", torch.float32), advantage=st("advantage", torch.float32))
+        batch = dict(images=images[:n_cam], img_masks=masks[:n_cam], lang_tokens=st("tokens", torch.long),
+                     lang_masks=st("token_mask", torch.bool), state=st("state", torch.float32),
+                     actions=st("actions", torch.float32), action_mask=st("action_mask", torch.float32),
+                     label=st("label", torch.float32), advantage=st("advantage", torch.float32))
+        if all("_prefix" in w for w in windows):  # the frozen prefix's kv caches (attach_prefixes), stacked
+            layers = zip(*[w["_prefix"][0] for w in windows])
+            batch["prefix"] = ([(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])) for kv in layers],
+                               torch.stack([w["_prefix"][1] for w in windows]))
+        return batch
 
     def per_sample_flow_loss(self, batch: dict[str, torch.Tensor], condition: torch.Tensor | None,
                              generator: torch.Generator | None) -> torch.Tensor:
@@ -181,7 +218,8 @@ class FlowMatchingObjective:
         noise = torch.randn(b, h, a, generator=generator).to(dev)
         time = sample_time(b, generator=generator).to(dev)
         sq = self.policy.model(batch["images"], batch["img_masks"], batch["lang_tokens"], batch["lang_masks"],
-                               batch["state"], batch["actions"], noise=noise, time=time, condition=condition)
+                               batch["state"], batch["actions"], noise=noise, time=time, condition=condition,
+                               prefix=batch.get("prefix"))
         return masked_flow_loss(sq, batch["action_mask"])
 
     def loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
@@ -274,7 +312,7 @@ class PPOObjective(FlowMatchingObjective):
         out = self.policy.model.step_log_prob(batch["images"], batch["img_masks"], batch["lang_tokens"],
                                               batch["lang_masks"], batch["state"], batch["chain"], batch["sde_step"],
                                               self.policy.config.num_steps, self.noise_level,
-                                              return_value=self.value_baseline)
+                                              return_value=self.value_baseline, prefix=batch.get("prefix"))
         lp, value = out if self.value_baseline else (out, None)
         logp_new = masked_sum(lp, batch["action_mask"])
         loss, st = clipped_surrogate(logp_new, batch["logp_old"], batch["advantage"], self.clip, self.clip)

@@ -27,7 +27,7 @@ import torch
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
-from pi0.ript.collection import Collection, RolloutGenerator, SDEChunkPolicy
+from pi0.ript.collection import Collection, RolloutGenerator, sde_collector
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
@@ -62,6 +62,13 @@ class RLConfig:
     cfg_guidance: float = 1.0  # cfg: w used to collect and evaluate
     dynamic_sampling: bool = True
     max_collect_attempts: int = 3  # collection rounds per iteration before giving up (bounded sampling)
+    # dynamic sampling: a round starts ~oversample x the groups it expects to keep (every env of an iteration in
+    # flight, at most the runner's num_envs // group_size groups), keeps the first informative ones in the sampler's
+    # order and abandons the rest (collection.groups_to_start); 0 = sequential rounds of exactly the missing groups
+    oversample: float = 1.25
+    # collection and evaluation sample through FastSampler (the same numbers as eager within 1e-5, cached prefix,
+    # fused heads; pi0.models.fast_sampler); False: the eager reference sampler
+    fast_sampling: bool = True
     eval_every: int = 1  # 0 = never
     eval_repeats: int = 1
     opt: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-5))  # RL steps are small (pi-RL, openpi)
@@ -130,11 +137,15 @@ class RIPTTrainer:
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
-        sde_step = None if cfg.sde_step < 0 else cfg.sde_step
-        collector = (SDEChunkPolicy(policy, cfg.noise_level, self.generator, sde_step) if cfg.objective == "ppo"
+        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator) if cfg.objective == "ppo"
                      else Pi0ChunkPolicy(policy, self.generator))
+        if cfg.fast_sampling and not cfg.fsdp and policy.model.fast_sampler is None:
+            policy.model.enable_fast_sampling()
+        elif not cfg.fast_sampling or cfg.fsdp:  # FSDP2: eager sampling on the gathered weights
+            policy.model.enable_fast_sampling(False)
+        in_flight = max(cfg.num_groups, runner.config.num_envs // cfg.group_size)  # groups the runner can hold at once
         self.rollouts = RolloutGenerator(runner, collector, sampler, cfg.group_size, cfg.dynamic_sampling, history,
-                                         cfg.max_collect_attempts)
+                                         cfg.max_collect_attempts, oversample=cfg.oversample, max_groups=in_flight)
         self.counter = counter
         self.eval_states = list(eval_states)
         self.iteration = 0

@@ -26,7 +26,7 @@ from pi0.policies.presets import default_cache_dir, tiny_tokenizer
 from pi0.envs import make_env_spec
 from pi0.rollout import Episode, RolloutRunner, RunnerConfig
 from pi0.rollout.policies import collect_expert_demos
-from pi0.ript.collection import Collection, RolloutGenerator, SDEChunkPolicy
+from pi0.ript.collection import Collection, RolloutGenerator, sde_collector
 from pi0.ript.init_states import InitStateSampler
 from pi0.ript.objectives import FlowMatchingObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
@@ -77,9 +77,11 @@ ENVS = ("arena", "metaworld")
 
 
 def env_runner(env: str, num_envs: int, replan_steps: int, resolution: int = 64, max_steps: int | None = None,
-               num_init_states: int = 200, expert_horizon: int = 0) -> RolloutRunner:
+               num_init_states: int = 200, expert_horizon: int = 0, envs_per_worker: int = 1) -> RolloutRunner:
     """The runner of a benchmark env: the arena in process (cheap; keeps the policy batches large), MetaWorld in
-    subprocess workers (MuJoCo). ``expert_horizon`` > 0: MetaWorld observations carry the expert's chunks."""
+    subprocess workers (MuJoCo), ``envs_per_worker`` envs in each (one message per worker and round, so few
+    processes serve large policy batches). ``expert_horizon`` > 0: MetaWorld observations carry the expert's
+    chunks."""
     if env == "arena":
         return arena_runner(num_envs, replan_steps, resolution, max_steps, num_init_states)
     if env != "metaworld":
@@ -89,7 +91,8 @@ def env_runner(env: str, num_envs: int, replan_steps: int, resolution: int = 64,
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     extra = {"expert_chunks": True, "expert_horizon": expert_horizon} if expert_horizon else {}
     spec = make_env_spec("metaworld", resolution=resolution, num_init_states=num_init_states, **extra)
-    return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, max_steps=max_steps))
+    return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, max_steps=max_steps,
+                                                  envs_per_worker=min(envs_per_worker, num_envs)))
 
 
 def expert_demos(env: str, demo_states: Sequence[tuple[int, int]], horizon: int, replan_steps: int,
@@ -253,15 +256,18 @@ def success_windows(objective: FlowMatchingObjective, col: Collection) -> list[W
 
 def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner, sampler: InitStateSampler,
         opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 1.0,
-        steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None) -> PolicyUpdate:
+        steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None,
+        sde_step: int = 0, fast_sampling: bool = True) -> PolicyUpdate:
     """Rejection-sampling fine-tuning (RFT) for ``seconds`` of wall-clock: each iteration collects K rollouts from
-    each of B init states as the PPO objective does (Flow-SDE), adds the successful ones' windows to the demo
-    windows, and takes ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no
-    condition, no new demos."""
+    each of B init states as the PPO objective does (the same Flow-SDE collector: ``noise_level``, ``sde_step`` as
+    ``RLConfig``, the same sampler), adds the successful ones' windows to the demo windows, and takes
+    ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no condition, no new demos.
+    ``callback`` gets the iteration's scalars and its ``Collection`` under "collection"."""
     objective = FlowMatchingObjective(policy)
     upd = PolicyUpdate(objective, opt_cfg, seed=seed)
-    gen = RolloutGenerator(runner, SDEChunkPolicy(policy, noise_level, torch.Generator().manual_seed(seed)), sampler,
-                           group_size, dynamic_sampling=False, max_attempts=1)
+    policy.model.enable_fast_sampling(fast_sampling)
+    gen = RolloutGenerator(runner, sde_collector(policy, noise_level, sde_step, torch.Generator().manual_seed(seed)),
+                           sampler, group_size, dynamic_sampling=False, max_attempts=1)
     pool = list(demo_windows)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -272,6 +278,6 @@ def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner
         st = upd.step(pool, max_steps=steps_per_iteration)
         if callback is not None:
             callback({"rollout/success_rate": col.success_rate, "rft/new_windows": float(len(new)),
-                      "rft/pool": float(len(pool)), **{f"train/{k}": v for k, v in st.items()}})
+                      "rft/pool": float(len(pool)), **{f"train/{k}": v for k, v in st.items()}, "collection": col})
     policy.eval()
     return upd

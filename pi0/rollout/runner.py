@@ -294,9 +294,26 @@ class RolloutRunner:
         k = int(group_size or self.config.group_size)
         return self.run_requests(make_requests(init_states, k), policy=policy, group_size=k)
 
+    def run_until(self, init_states: Sequence[tuple[int, int]], group_size: int,
+                  stop: Callable[[dict[int, Episode]], bool], policy: ChunkPolicy | None = None
+                  ) -> dict[int, Episode]:
+        """``run`` that ends as soon as ``stop(finished)`` is True (checked after each finished episode): the
+        episodes still running are abandoned (their workers drained) and the rest are never started.
+
+        -> {request index (``group * group_size + sample``): finished episode}; an abandoned request is absent.
+        """
+        k = int(group_size)
+        return self._run(make_requests(init_states, k), policy, k, stop)
+
     def run_requests(self, requests: Sequence[EpisodeRequest], policy: ChunkPolicy | None = None,
                      group_size: int = 1) -> list[Episode]:
         """Run explicit requests (unique ``index`` each); returns episodes sorted by ``index``."""
+        episodes = self._run(requests, policy, group_size, None)
+        return [episodes[r.index] for r in sorted(requests, key=lambda r: r.index)]
+
+    def _run(self, requests: Sequence[EpisodeRequest], policy: ChunkPolicy | None, group_size: int,
+             stop: Callable[[dict[int, Episode]], bool] | None) -> dict[int, Episode]:
+        """One run of ``requests`` (until ``stop``, if given) -> {request index: episode}."""
         policy = policy or self.policy
         if policy is None:
             raise ValueError("no policy given")
@@ -305,18 +322,20 @@ class RolloutRunner:
         requests = [dataclasses.replace(r, attempts=0) for r in requests]  # the caller's objects stay as given
         vec = self.vec_env
         scheduler = make_scheduler(self.config.schedule, requests, vec.num_envs, group_size, self.task_affinity)
-        run = _Run(self, vec, policy, scheduler, len(requests))
+        run = _Run(self, vec, policy, scheduler, len(requests), stop)
         episodes = run.loop()
         self.last_stats = run.stats
-        return [episodes[r.index] for r in sorted(requests, key=lambda r: r.index)]
+        return episodes
 
 
 class _Run:
     """One :meth:`RolloutRunner.run_requests` call: the slots, the scheduler and the four-step loop."""
 
     def __init__(self, runner: RolloutRunner, vec: VecEnvBase, policy: ChunkPolicy, scheduler: Scheduler,
-                 num_requests: int) -> None:
+                 num_requests: int, stop: Callable[[dict[int, Episode]], bool] | None = None) -> None:
         self.runner, self.vec, self.policy, self.scheduler = runner, vec, policy, scheduler
+        self.stop = stop
+        self.stopped = False  # ``stop`` said the finished episodes are enough
         self.c = runner.config
         self.hooks = runner.hooks
         self.num_requests = num_requests
@@ -335,7 +354,7 @@ class _Run:
         """Rounds of: schedule, receive, decide (one batched policy call), send; until every episode is done."""
         t_start = time.perf_counter()
         try:
-            while len(self.results) < self.num_requests:
+            while len(self.results) < self.num_requests and not self.stopped:
                 self.fill()  # 1. free workers get the next requested episodes
                 busy = [w for w, s in enumerate(self.slots) if s is not None and s.in_flight]
                 if not busy and not any(s is not None and s.needs_decision for s in self.slots):
@@ -349,6 +368,8 @@ class _Run:
                     for slot in need:  # 4. each env gets its queued actions
                         if self.slots[slot.worker] is slot:
                             self.send_next(slot)
+            if self.stopped:
+                self.abandon()
         except BaseException:
             self.drain_all()
             raise
@@ -441,7 +462,24 @@ class _Run:
             self.bar.update(1)
         if self.hooks.on_episode_end is not None:
             self.hooks.on_episode_end(self.runner, ep)
+        if self.stop is not None and self.stop(self.results):
+            self.stopped = True
+            return
         self.fill(slot.worker)  # the next reset overlaps with this round's policy call
+
+    def abandon(self) -> None:
+        """After ``stop``: drop the episodes still running (their replies drained, so the workers are clean)."""
+        for w, slot in enumerate(self.slots):
+            if slot is None:
+                continue
+            if slot.in_flight:
+                try:
+                    self.vec.drain(w, timeout=self.c.step_timeout)
+                except WorkerError as exc:
+                    self.runner.respawn(w, None, self.stats, None)
+                    log.warning("env worker %d failed while its abandoned episode was drained: %s", w, exc)
+            self.slots[w] = None
+            self.stats.abandoned += 1
 
     def fail(self, worker: int, exc: BaseException) -> None:
         """Respawn ``worker`` and re-run its interrupted episode from its init state."""

@@ -176,6 +176,7 @@ class RunStats:
     batch_sizes: list[int] = field(default_factory=list)
     worker_failures: int = 0
     respawn_failures: int = 0  # respawned workers that died / failed during start-up (then retried)
+    abandoned: int = 0  # episodes dropped unfinished when ``RolloutRunner.run_until``'s stop condition held
     wall_time: float = 0.0
     policy_time: float = 0.0
     success_rate: float = 0.0

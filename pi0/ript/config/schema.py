@@ -145,6 +145,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
+    "algo.oversample": (lambda v: v >= 0.0, ">= 0 (0: sequential collection rounds; RLConfig.oversample)"),
     "algo.eval_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
     "algo.eval_repeats": (lambda v: v >= 1, ">= 1"),
     "algo.opt.lr": (lambda v: v > 0.0, "> 0"),

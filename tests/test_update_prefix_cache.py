@@ -1,0 +1,96 @@
+"""A cheaper update with the same numbers: with trainable=expert the frozen prefix runs once per window and step, and
+the loss, the gradients and the trained weights equal the full joint pass's (float32)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from pi0.modeling_pi0 import default_norm_stats
+from pi0.ript.collection import RolloutGenerator, sde_collector
+from pi0.ript.init_states import InitStateSampler
+from pi0.ript.objectives import FlowMatchingObjective, PPOObjective
+from pi0.ript.trainer import collection_windows
+from pi0.ript.update import OptimizerConfig, PolicyUpdate
+from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+
+
+@pytest.fixture(scope="module")
+def policy_and_windows():
+    torch.manual_seed(0)
+    policy = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=2, action_horizon=4, n_action_steps=2,
+                                               num_steps=3), default_norm_stats(8, 7))
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        gen = RolloutGenerator(runner, sde_collector(policy, 1.0, 0, torch.Generator().manual_seed(0)),
+                               InitStateSampler({4: [0, 1]}), group_size=2, dynamic_sampling=False, max_attempts=1)
+        col = gen.collect(2)
+    finally:
+        runner.close()
+    # the groups' advantages are 0 when both rollouts fail: give them hand-set ones so the loss has a gradient
+    for g in col.groups:
+        g.advantages = np.array([1.0, -1.0])
+    ppo = PPOObjective(policy, 1.0)
+    return policy, collection_windows(ppo, col)
+
+
+def _grads(objective, windows, prefix: bool):
+    model = objective.policy.model
+    model.zero_grad(set_to_none=True)
+    if prefix:
+        assert objective.attach_prefixes(windows, batch_size=3)
+    batch = objective.collate(windows)
+    assert ("prefix" in batch) == prefix
+    loss, _ = objective.loss(batch, torch.Generator().manual_seed(5))
+    loss.backward()
+    objective.detach_prefixes(windows)
+    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind", ["ppo", "flow"])
+def test_cached_prefix_gives_the_same_loss_and_gradients(policy_and_windows, kind):
+    policy, windows = policy_and_windows
+    policy = copy.deepcopy(policy)
+    policy.model.set_trainable("expert")
+    assert policy.model.prefix_frozen()
+    objective = PPOObjective(policy, 1.0) if kind == "ppo" else FlowMatchingObjective(policy)
+    ws = [dict(w) for w in windows]
+    loss_full, g_full = _grads(objective, ws, prefix=False)
+    loss_cached, g_cached = _grads(objective, ws, prefix=True)
+    assert loss_cached == pytest.approx(loss_full, abs=1e-5, rel=1e-5)
+    assert g_full.keys() == g_cached.keys() and g_full  # the expert's parameters, and only those, have gradients
+    assert not any(n.startswith("paligemma_with_expert.paligemma.") for n in g_full)
+    for n in g_full:
+        torch.testing.assert_close(g_cached[n], g_full[n], atol=1e-5, rtol=1e-4)
+
+
+def test_update_with_epochs_trains_the_same_weights_and_frees_the_caches(policy_and_windows):
+    policy, windows = policy_and_windows
+    out = []
+    for cache in (True, False):
+        pol = copy.deepcopy(policy)
+        pol.model.set_trainable("expert")
+        objective = PPOObjective(pol, 1.0)
+        if not cache:  # the uncached reference: the full joint pass every epoch
+            objective.attach_prefixes = lambda *a, **k: False
+        ws = [dict(w) for w in windows]
+        PolicyUpdate(objective, OptimizerConfig(lr=1e-3, epochs=3, minibatch_size=4), seed=0).step(ws)
+        assert not any("_prefix" in w for w in ws)
+        out.append(dict(pol.model.named_parameters()))
+    moved = 0
+    for n, p in out[0].items():
+        torch.testing.assert_close(p, out[1][n], atol=2e-5, rtol=1e-4)
+        moved += int(not torch.equal(p, dict(policy.model.named_parameters())[n]))
+    assert moved > 0
+
+
+def test_no_cache_when_the_prefix_trains(policy_and_windows):
+    policy, windows = policy_and_windows
+    pol = copy.deepcopy(policy)
+    pol.model.set_trainable("all")
+    assert not pol.model.prefix_frozen()
+    ws = [dict(w) for w in windows]
+    assert not PPOObjective(pol, 1.0).attach_prefixes(ws) and not any("_prefix" in w for w in ws)
