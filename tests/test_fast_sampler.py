@@ -211,3 +211,60 @@ def test_weight_bytes_hand_computed(model):
     assert parts["siglip"] == weight_bytes_per_call(model, num_steps=3, cameras=1)["siglip"]
     assert weight_bytes_per_call(model, num_steps=3, cameras=0)["siglip"] == 0
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
+
+
+@pytest.fixture(scope="module")
+def pi05_model():
+    return _random_model(pi05=True, value_head=True)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+@pytest.mark.parametrize("sde_step", [2, None])
+def test_flow_sde_fast_matches_eager(model, pi05_model, pi05, sde_step):
+    """Flow-SDE through FastSampler: the same chunk, chain, step, log-density (and value) as eager for one seed,
+    and the recorded log-density equal to step_log_prob's recomputation (PPO's ratio 1)."""
+    m = copy.deepcopy(pi05_model if pi05 else model)
+    if not pi05:
+        m.enable_value_head()
+        with torch.no_grad():  # a zero-initialised output layer would hide a wrong feature
+            m.value_head.out.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    inp = _inputs(m.cfg)
+    run = lambda: m.sample_actions_sde(*inp, num_steps=5, noise_level=0.7, sde_step=sde_step,  # noqa: E731
+                                       generator=torch.Generator().manual_seed(11))
+    ref = run()
+    fast = m.enable_fast_sampling()
+    out = run()
+    assert fast._buffers, "sample_actions_sde did not go through the FastSampler"
+    assert out.keys() == ref.keys() == {"actions", "chain", "sde_step", "log_prob", "value"}
+    assert out["sde_step"] == ref["sde_step"] == (2 if sde_step is not None else ref["sde_step"])
+    assert out["chain"].shape == (2, 6, m.cfg.action_horizon, m.cfg.action_dim)
+    for key in ("actions", "chain", "log_prob", "value"):
+        torch.testing.assert_close(out[key], ref[key], atol=ATOL, rtol=0, msg=key)
+    assert torch.equal(out["chain"][:, -1], out["actions"]) and out["value"].abs().max() > 1e-3
+    # the stochastic step really drew noise: the chain leaves the deterministic path after step k
+    k = out["sde_step"]
+    det = m.sample_actions_sde(*inp, num_steps=5, noise_level=0.0, sde_step=k)
+    assert (det["chain"][:, k + 1] - out["chain"][:, k + 1]).abs().max() > 1e-2
+    again = m.step_log_prob(*inp[:5], chain=out["chain"], sde_step=k, num_steps=5, noise_level=0.7)
+    torch.testing.assert_close(again, out["log_prob"], atol=ATOL, rtol=0)
+
+
+def test_flow_sde_fast_without_value_head_and_weight_updates(model):
+    m = copy.deepcopy(model)
+    inp = _inputs(m.cfg)
+    fast = FastSampler(m)
+    g = lambda: torch.Generator().manual_seed(4)  # noqa: E731
+    out = fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, generator=g())
+    assert "value" not in out
+    ref = m.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, generator=g())
+    torch.testing.assert_close(out["chain"], ref["chain"], atol=ATOL, rtol=0)
+    with torch.no_grad():  # an RL update between calls must be picked up by the fast path
+        m.action_time_mlp_in.bias.add_(0.3)
+        m.paligemma_with_expert.gemma_expert.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    out = fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, generator=g())
+    ref2 = m.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, generator=g())
+    assert (ref2["chain"] - ref["chain"]).abs().max() > 1e-3
+    torch.testing.assert_close(out["chain"], ref2["chain"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out["log_prob"], ref2["log_prob"], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="sde_step must be"):
+        fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, sde_step=4)

@@ -14,7 +14,11 @@
 * optionally ``torch.compile`` on the denoise step and, on CUDA, one CUDA graph of the whole Euler loop
   per (batch size, cache bucket, num_steps), replayed with copy-in / copy-out.
 
-The eager ``PI0Model.sample_actions`` stays the reference; ``tests/test_fast_sampler.py`` checks parity.
+``FastSampler.sample_actions_sde`` runs Flow-SDE (``pi0.models.flow_sde``, RL collection) on the same cached prefix,
+static buffers and step function, with the eager sampler's generator calls (CUDA graph: one per stochastic step).
+
+The eager ``PI0Model.sample_actions`` / ``sample_actions_sde`` stay the reference; ``tests/test_fast_sampler.py``
+checks parity.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +36,7 @@ from torch.profiler import record_function
 
 from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.flow import euler_integrate, posemb_sincos
+from pi0.models.flow_sde import gaussian_log_prob, sde_coefficients, sde_mean, sde_times
 
 BACKENDS = ("inductor", "aot_eager", "eager")
 
@@ -116,6 +121,7 @@ class FastSampler:
         self._buffers: dict[tuple, _Buffers] = {}
         self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._consts: dict[tuple, dict[str, Any]] = {}
+        self._sde_statics: dict[tuple, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         self.graph_error: str | None = None  # why CUDA-graph capture fell back to the un-captured loop
         self._param_ptrs: tuple[int, ...] = ()
 
@@ -138,11 +144,12 @@ class FastSampler:
                              "use cuda_graph=None (auto) or False")
         return bool(self.cuda_graph)
 
-    def _time_inputs(self, num_steps: int, batch: int, device: torch.device) -> tuple[list[torch.Tensor], float]:
-        """Per-Euler-step time inputs of the step function (kept alive: CUDA graphs read them) and dt.
+    def _time_inputs(self, times: list[float], batch: int, device: torch.device) -> list[torch.Tensor]:
+        """Per-Euler-step time inputs of the step function at ``times`` (kept alive: CUDA graphs read them).
 
-        Fused: c_i (1, 1, W) = W_t posemb(t_i) + b; unfused: posemb(t_i) (B, Ha, W). Recomputed in place
-        when the head weights change (their ``_version``), so training updates are picked up.
+        Fused: c_i (1, 1, W) = W_t posemb(t_i) + b, then W_x; unfused: posemb(t_i) (B, Ha, W); pi0.5: the (1, W)
+        adaRMS condition. Recomputed in place when the head weights change (their ``_version``), so training
+        updates are picked up.
         """
         m = self.model
         if m.cfg.pi05:
@@ -151,16 +158,16 @@ class FastSampler:
             heads = (m.action_in_proj.weight, m.action_in_proj.bias, m.action_time_mlp_in.weight,
                      m.action_time_mlp_in.bias)
         version = tuple(p._version for p in heads) + tuple(p.data_ptr() for p in heads)
-        key = (num_steps, batch if not self.fused else 0, device)
+        key = (tuple(times), batch if not self.fused else 0, device)
         entry = self._consts.get(key)
         if entry is not None and entry["version"] == version:
-            return entry["inputs"], -1.0 / num_steps
+            return entry["inputs"]
         w, h = m.action_in_proj.weight.shape[0], m.cfg.action_horizon
         dtype = m.action_in_proj.weight.dtype
-        times = torch.tensor(euler_times(num_steps), dtype=torch.float32, device=device)
-        emb = posemb_sincos(times, w).to(dtype)  # (S, W)
+        ts = torch.tensor(times, dtype=torch.float32, device=device)
+        emb = posemb_sincos(ts, w).to(dtype)  # (S, W)
         if m.cfg.pi05:  # as in PI0Model.time_condition, one (1, W) condition per Euler time
-            new = [m.time_condition(t[None]) for t in times]
+            new = [m.time_condition(t[None]) for t in ts]
         elif self.fused:
             w_x, w_t, bias = fold_action_time_mlp(*(p.detach() for p in heads))
             new = [(F.linear(e, w_t) + bias)[None, None] for e in emb]  # S x (1, 1, W)
@@ -173,7 +180,11 @@ class FastSampler:
             for old, fresh in zip(entry["inputs"], new):
                 old.copy_(fresh)
         entry["version"] = version
-        return entry["inputs"], -1.0 / num_steps
+        return entry["inputs"]
+
+    def _split(self, time_inputs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """(W_x (W, A) when fused else None, the per-step time inputs)."""
+        return (time_inputs[-1], time_inputs[:-1]) if self.fused else (None, time_inputs)
 
     # ------------------------------------------------------------------ prefix
     def _vision_and_joint(self) -> tuple[Any, Any]:
@@ -211,8 +222,11 @@ class FastSampler:
         return emb, pad, torch.zeros(emb.shape[1], dtype=torch.bool, device=emb.device)
 
     def encode(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-               lang_masks: torch.Tensor, state: torch.Tensor) -> _Buffers:
-        """Prefix + state token in one pass -> static buffers holding their KV cache (B, C, K, H) per layer."""
+               lang_masks: torch.Tensor, state: torch.Tensor, value: bool = False
+               ) -> _Buffers | tuple[_Buffers, torch.Tensor]:
+        """Prefix + state token in one pass -> static buffers holding their KV cache (B, C, K, H) per layer
+        [, with ``value``: the value head's V (B,) of this pass (pi0: the state token's output; pi0.5: the mean
+        valid prefix output, as ``PI0Model.value_from``)]."""
         m = self.model
         if self.trim_prompt:
             lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks, 16 if self.compile_prefix else 1)
@@ -223,15 +237,15 @@ class FastSampler:
             joint = self._vision_and_joint()[1]
             if m.cfg.pi05:  # no state token: the cache is the prefix's
                 full_pad = pad
-                _, cache = joint([emb, None], make_attn_mask(pad, ar), make_positions(pad), return_kv_cache=True)
+                outs, cache = joint([emb, None], make_attn_mask(pad, ar), make_positions(pad), return_kv_cache=True)
             else:
                 # as in openpi pi0.py embed_suffix: the state token starts its own block (ar=True) after the prefix
                 state_tok = m._linear(m.state_proj, state)[:, None].to(m.compute_dtype)  # (B, 1, W)
                 ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
                 full_pad = torch.cat([pad, ones], 1)
                 full_ar = torch.cat([ar, ones[0]], 0)
-                _, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
-                                 return_kv_cache=True)
+                outs, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
+                                    return_kv_cache=True)
         n = full_pad.shape[1]
         buf = self._get_buffers(b, round_up(n, self.cache_bucket), pad.device, cache[0][0])
         for layer, (k, v) in enumerate(cache):
@@ -244,6 +258,8 @@ class FastSampler:
         buf.mask[:, :, :cap].copy_(buf.key_valid[:, None, :].expand(-1, h, -1))
         # as in openpi pi0.py sample_actions: suffix positions continue from sum(prefix_mask) (+1: pi0's state)
         buf.positions.copy_(full_pad.sum(-1, keepdim=True) + torch.arange(h, device=pad.device))
+        if value:
+            return buf, m.value_from(outs[0], pad, outs[1])
         return buf
 
     def _get_buffers(self, b: int, cap: int, device: torch.device, like: torch.Tensor) -> _Buffers:
@@ -282,8 +298,7 @@ class FastSampler:
 
     def _loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float) -> torch.Tensor:
         """The whole Euler loop on static buffers (what the CUDA graph captures): x (B,Ha,A) -> actions."""
-        w_x = time_inputs[-1] if self.fused else None
-        steps = time_inputs[:-1] if self.fused else time_inputs
+        w_x, steps = self._split(time_inputs)
         x = buf.x
         for i, time_in in enumerate(steps):
             with record_function(f"pi0.denoise_step_{i}"):
@@ -291,20 +306,43 @@ class FastSampler:
                 x = x + dt * v  # as in openpi pi0.py sample_actions: x_{t+dt} = x_t + dt * v_t
         return x
 
-    def _replay(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float) -> torch.Tensor | None:
-        """Run the Euler loop as one CUDA graph (captured on first use: warm-up on a side stream)."""
-        key = (id(buf), len(time_inputs), id(time_inputs[0]))
+    def _sde_loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float, sde_step: int,
+                  coefs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], eps: Callable[[], torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Flow-SDE loop on static buffers: x (B,Ha,A) -> (chain (B,N+1,Ha,A), log_prob (B,Ha,A)).
+
+        as in PI0Model.sample_actions_sde: Euler steps x - dt v, except step ``sde_step``, a Gaussian
+        N(mean, std^2) with ``coefs`` = ``sde_coefficients`` of its time; ``eps()`` gives its (B,Ha,A) N(0,1) draw.
+        """
+        w_x, steps = self._split(time_inputs)
+        x = buf.x
+        chain, log_prob = [x], x
+        for i, time_in in enumerate(steps):
+            with record_function(f"pi0.denoise_step_{i}"):
+                v = self._step_fn(x, time_in, w_x, buf.k, buf.v, buf.mask, buf.positions)
+                if i == sde_step:
+                    mean = sde_mean(x, v, dt, coefs[0], coefs[1])
+                    x = mean + coefs[2] * eps()
+                    log_prob = gaussian_log_prob(x, mean, coefs[2])
+                else:
+                    x = x - dt * v  # the deterministic Euler step (t decreasing)
+                chain.append(x)
+        return torch.stack(chain, 1), log_prob
+
+    def _replay(self, key: tuple, loop: Callable[[], Any]) -> Any:
+        """Run ``loop`` (tensors, or a tuple of them, from static buffers) as one CUDA graph, captured on first use
+        (warm-up on a side stream) -> cloned outputs; None if capture failed (the caller runs ``loop`` itself)."""
         if key not in self._graphs:
             try:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(self.warmup):  # compiles / autotunes outside the capture
-                        self._loop(buf, time_inputs, dt)
+                        loop()
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    out = self._loop(buf, time_inputs, dt)
+                    out = loop()
                 self._graphs[key] = (graph, out)
             except Exception as e:  # noqa: BLE001 - a robot should keep acting on the un-captured loop
                 self.graph_error = f"{type(e).__name__}: {e}"
@@ -313,35 +351,87 @@ class FastSampler:
                 return None
         graph, out = self._graphs[key]
         graph.replay()
-        return out.clone()  # copy-out: the next replay overwrites `out`
+        # copy-out: the next replay overwrites `out`
+        return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    def _check_call(self, state: torch.Tensor, noise: torch.Tensor | None, num_steps: int) -> torch.Tensor:
+        """Validate the call, drop stale CUDA graphs (weights re-allocated) -> noise (B,Ha,A)."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        cfg = self.model.cfg
+        shape = (state.shape[0], cfg.action_horizon, cfg.action_dim)
+        if noise is None:
+            noise = torch.randn(shape, device=state.device)
+        if tuple(noise.shape) != shape:
+            raise ValueError(f"noise must be {shape}, got {tuple(noise.shape)}")
+        ptrs = tuple(p.data_ptr() for p in self.model.parameters())
+        if ptrs != self._param_ptrs:  # weights re-allocated (.to(), p.data = ...): captured graphs are stale
+            self._graphs.clear()
+            self._param_ptrs = ptrs
+        return noise
 
     @torch.no_grad()
     def sample_actions(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                        lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor | None = None,
                        num_steps: int = 10) -> torch.Tensor:
         """Same contract as ``PI0Model.sample_actions``: noise (B,Ha,A) -> actions (B,Ha,A) float32."""
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        cfg = self.model.cfg
-        b = state.shape[0]
-        shape = (b, cfg.action_horizon, cfg.action_dim)
-        if noise is None:
-            noise = torch.randn(shape, device=state.device)
-        if tuple(noise.shape) != shape:
-            raise ValueError(f"noise must be {shape}, got {tuple(noise.shape)}")
+        noise = self._check_call(state, noise, num_steps)
         use_graph = self._use_graph(state.device)
-        ptrs = tuple(p.data_ptr() for p in self.model.parameters())
-        if ptrs != self._param_ptrs:  # weights re-allocated (.to(), p.data = ...): captured graphs are stale
-            self._graphs.clear()
-            self._param_ptrs = ptrs
-        time_inputs, dt = self._time_inputs(num_steps, b, state.device)
+        time_inputs, dt = self._time_inputs(euler_times(num_steps), state.shape[0], state.device), -1.0 / num_steps
         buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
         buf.x.copy_(noise)  # copy-in
         if use_graph:
-            out = self._replay(buf, time_inputs, dt)
+            out = self._replay((id(buf), id(time_inputs[0]), "ode"), lambda: self._loop(buf, time_inputs, dt))
             if out is not None:
                 return out
         return self._loop(buf, time_inputs, dt)
+
+    @torch.no_grad()
+    def sample_actions_sde(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                           lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, num_steps: int = 10,
+                           noise_level: float = 0.5, sde_step: int | None = None,
+                           generator: torch.Generator | None = None) -> dict[str, Any]:
+        """Same contract and numbers as ``PI0Model.sample_actions_sde`` (float32: within 1e-5), on the cached
+        prefix and static buffers: noise (B,Ha,A) -> {"actions", "chain" (B,N+1,Ha,A), "sde_step", "log_prob"
+        (B,Ha,A)[, "value" (B,)]}.
+
+        The generator is called as in eager (the step's randint when ``sde_step`` is None, then one (B,Ha,A)
+        randn on the CPU), so one seed gives the same chunk on both paths. Under a CUDA graph the randn is drawn
+        before the replay (no other call of the generator lies between) and one graph is captured per ``sde_step``.
+        """
+        times = sde_times(num_steps)
+        dt = 1.0 / num_steps
+        if sde_step is None:
+            sde_step = int(torch.randint(num_steps, (1,), generator=generator))
+        if not 0 <= sde_step < num_steps:
+            raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+        noise = self._check_call(state, noise, num_steps)
+        use_graph = self._use_graph(state.device)
+        time_inputs = self._time_inputs(times, state.shape[0], state.device)
+        value = None
+        if self.model.cfg.value_head:
+            buf, value = self.encode(images, img_masks, lang_tokens, lang_masks, state, value=True)
+        else:
+            buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
+        buf.x.copy_(noise)  # copy-in
+        coefs = sde_coefficients(times[sde_step], dt, noise_level, buf.x)
+        draw = lambda: torch.randn(buf.x.shape, generator=generator, device="cpu").to(buf.x.device)  # noqa: E731
+        out = None
+        if use_graph:
+            key = (id(buf), id(time_inputs[0]), "sde", sde_step)
+            static = self._sde_statics.get(key)
+            if static is None:
+                static = self._sde_statics[key] = (tuple(c.clone() for c in coefs), torch.zeros_like(buf.x))
+            for dst, src in zip(static[0], coefs):
+                dst.copy_(src)
+            static[1].copy_(draw())
+            out = self._replay(key, lambda: self._sde_loop(buf, time_inputs, dt, sde_step, static[0],
+                                                           lambda: static[1]))
+        if out is None:
+            out = self._sde_loop(buf, time_inputs, dt, sde_step, coefs, draw)
+        chain, log_prob = out
+        res = {"actions": chain[:, -1], "chain": chain, "sde_step": sde_step, "log_prob": log_prob}
+        return {**res, "value": value} if value is not None else res
 
     __call__ = sample_actions
 

@@ -29,12 +29,12 @@ def sde_times(num_steps: int) -> list[float]:
     return [float(torch.tensor(1.0, dtype=torch.float32) - k * d) for k in range(num_steps)]
 
 
-def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float | torch.Tensor, dt: float, noise_level: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x_t, v (B,H,A), time t (a float, or (B,) per sample), step size dt = 1/N > 0, noise level a ->
-    (mean (B,H,A), std: a scalar tensor, or (B,1,1) for per-sample t).
+def sde_coefficients(t: float | torch.Tensor, dt: float, noise_level: float, like: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Time t (a float, or (B,) per sample), dt = 1/N, noise level a -> (1 - t, sigma_t^2 dt / (2 t), std), each a
+    scalar tensor (or (B,1,1)) in ``like``'s dtype and device (sigma in float64 first, as Flow-GRPO's).
 
-    as in Flow-GRPO sde_step_with_logprob / RLinf sample_mean_var_val (see the module docstring).
+    Split from :func:`sde_step_moments` so that a sampler can compute them before a CUDA graph runs the step.
     """
     if not torch.is_tensor(t):
         t = torch.tensor(float(t), dtype=torch.float64)
@@ -42,10 +42,26 @@ def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float | torch.Tensor
     one_minus_t = torch.where(t >= 1.0, torch.full_like(t, dt), 1.0 - t)  # at t = 1: 1 - t := dt (finite sigma)
     sigma = noise_level * torch.sqrt(t / one_minus_t)
     shape = (-1, 1, 1) if t.ndim else ()
-    t_, sigma_ = t.reshape(shape).to(x_t), sigma.reshape(shape).to(x_t)
-    x1_hat = x_t + (1.0 - t_) * v
-    mean = x_t - dt * v - (sigma_ ** 2 * dt / (2.0 * t_)) * x1_hat
-    return mean, sigma_ * math.sqrt(dt)
+    t_, sigma_ = t.reshape(shape).to(like), sigma.reshape(shape).to(like)
+    return 1.0 - t_, sigma_ ** 2 * dt / (2.0 * t_), sigma_ * math.sqrt(dt)
+
+
+def sde_mean(x_t: torch.Tensor, v: torch.Tensor, dt: float, one_minus_t: torch.Tensor, coef: torch.Tensor
+             ) -> torch.Tensor:
+    """x_t, v (B,H,A) and :func:`sde_coefficients` -> the step's mean x_t - dt v - coef (x_t + (1 - t) v)."""
+    x1_hat = x_t + one_minus_t * v
+    return x_t - dt * v - coef * x1_hat
+
+
+def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float | torch.Tensor, dt: float, noise_level: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x_t, v (B,H,A), time t (a float, or (B,) per sample), step size dt = 1/N > 0, noise level a ->
+    (mean (B,H,A), std: a scalar tensor, or (B,1,1) for per-sample t).
+
+    as in Flow-GRPO sde_step_with_logprob / RLinf sample_mean_var_val (see the module docstring).
+    """
+    one_minus_t, coef, std = sde_coefficients(t, dt, noise_level, x_t)
+    return sde_mean(x_t, v, dt, one_minus_t, coef), std
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

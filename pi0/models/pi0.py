@@ -378,8 +378,13 @@ class PI0Model(nn.Module):
          "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise,
          "value" (B,) the value head's V of the observation, with ``cfg.value_head``}.
 
-        as in RLinf's hybrid ODE/SDE sampler (one stochastic step per call, shared by the batch).
+        as in RLinf's hybrid ODE/SDE sampler (one stochastic step per call, shared by the batch). With
+        ``enable_fast_sampling`` the call goes through ``FastSampler.sample_actions_sde`` (same numbers and generator
+        calls; ``tests/test_fast_sampler.py``).
         """
+        if self.fast_sampler is not None:
+            return self.fast_sampler.sample_actions_sde(images, img_masks, lang_tokens, lang_masks, state, noise,
+                                                        num_steps, noise_level, sde_step, generator)
         times = sde_times(num_steps)
         dt = 1.0 / num_steps
         if sde_step is None:
@@ -453,7 +458,7 @@ class PI0Model(nn.Module):
         return velocity
 
     def enable_fast_sampling(self, enabled: bool = True, **options: Any) -> FastSampler | None:
-        """Route ``sample_actions`` through ``pi0.models.fast_sampler.FastSampler(self, **options)`` (e.g. compile=True,
+        """Route ``sample_actions`` and ``sample_actions_sde`` through ``pi0.models.fast_sampler.FastSampler(self, **options)`` (e.g. compile=True,
         cuda_graph=None: auto on CUDA); ``enabled=False`` restores the eager reference path."""
         self.fast_sampler = FastSampler(self, **options) if enabled else None
         return self.fast_sampler
