@@ -2,8 +2,9 @@ r"""Bench: does RL improve a *converged* few-shot pi0 beyond what its demonstrat
 
 Protocol:
 1. Start: a tiny pi0 (same architecture, small sizes) trained by SFT on ``--num_demos`` scripted-expert demos per task
-   until success on ``--val_states`` validation init states has not improved for ``--patience`` checks (every
-   ``--check_every`` steps; the best weights are kept; at most ``--sft_steps``). Cached by config hash. A plateau
+   until success on ``--val_states`` validation init states (the mean of the last ``--smooth`` checks) has not improved
+   for ``--patience`` checks (every ``--check_every`` steps; the best weights are kept; reaching ``--sft_steps``
+   first is an error unless ``--no-require_convergence``). Cached by config hash. A plateau
    outside ``--plateau_band`` (0.15-0.5) scales N by 0.75 (above) or 4/3 (below) and retrains, at most 3 times.
 2. Arms, each in its own process from the same start, side by side (they share the machine's 2 cores equally), each
    for ``--minutes`` of wall-clock: ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
@@ -66,6 +67,8 @@ class Config:
     sft_steps: int = 10000  # most warm-start SFT steps
     check_every: int = 250  # SFT steps between validation checks
     patience: int = 8  # checks without a new best before the start counts as converged
+    smooth: int = 3  # the start's criterion: the mean of the last `smooth` validation checks (1: the single check)
+    require_convergence: bool = True  # a start that reaches --sft_steps before its patience runs out is an error
     sft_lr: float = 1e-3  # warm start, continued SFT and RFT
     # init-state split per task: training 0..train_states-1 (the demos' states included), validation
     # val_start..val_start+val_states-1, held-out eval_start..eval_start+eval_states-1
@@ -98,6 +101,7 @@ class Config:
     # arena in process, MetaWorld spread over `workers` processes)
     num_envs: int = 0
     workers: int = 2  # MetaWorld: env worker processes (num_envs / workers envs in each)
+    overlap: bool = False  # MetaWorld: one half of the env processes steps while the policy decides for the other
     oversample: float = 1.25  # dynamic sampling: groups started per round / groups expected to be kept (RLConfig)
     fast_sampling: bool = True  # collect and evaluate through FastSampler (RLConfig.fast_sampling)
     threads: int = 1  # torch threads per process (1 is fastest on a loaded 2-core machine)
@@ -138,15 +142,19 @@ def make_runner(cfg: Config, policy: PI0Policy, num_envs: int = 0):
     n = cfg.num_envs or num_envs or 2 * cfg.num_groups * cfg.group_size
     per = -(-n // max(1, cfg.workers))
     return env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=num_init_states(cfg),
-                      envs_per_worker=per)
+                      envs_per_worker=per, overlap=cfg.overlap)
 
 
 def next_num_demos(n: int, plateau: float, band: list[float], max_n: int) -> int | None:
     """The next N to try when a start with ``n`` demos plateaus at ``plateau`` outside ``band`` = [lo, hi]: n x 0.75
-    above, n x 4/3 below (a multiple of 10, within 10..max_n); None when inside the band (or no band, or no change)."""
+    above, n x 4/3 below (a multiple of 10, and at least 10 away from n, so that a small N can leave the band's
+    edge: 20 -> 10, not back to 20), within 10..max_n; None when inside the band (or no band, or nowhere to go)."""
     if not band or band[0] <= plateau <= band[1]:
         return None
-    m = min(max(10, round(n * (0.75 if plateau > band[1] else 4 / 3) / 10) * 10), max_n)
+    above = plateau > band[1]
+    m = round(n * (0.75 if above else 4 / 3) / 10) * 10
+    m = min(m, n - 10) if above else max(m, n + 10)
+    m = min(max(10, m), max_n)
     return None if m == n else m
 
 
@@ -163,7 +171,8 @@ def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
         demos = [(t, i) for t in cfg.task for i in range(cfg.num_demos)]
         policy, windows, root = cached_warm_start(
             tiny_config(cfg), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
-            stop=Plateau(val, cfg.check_every, cfg.patience), env=cfg.env)
+            stop=Plateau(val, cfg.check_every, cfg.patience, smooth=cfg.smooth,
+                         require_convergence=cfg.require_convergence), env=cfg.env)
         rec = json.loads((root / "warm_start.json").read_text())
         tried.append({"demos": cfg.num_demos, "steps": rec["steps"], "plateau": rec["plateau"]})
         n = None if cfg.arm or len(tried) > 3 else next_num_demos(cfg.num_demos, rec["plateau"], band,

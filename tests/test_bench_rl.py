@@ -53,3 +53,5 @@ def test_next_num_demos_moves_n_toward_the_plateau_band():
     assert next_num_demos(1500, 0.0, band, 1500) is None  # nothing left to add
     assert next_num_demos(10, 0.9, band, 1500) is None  # the floor
     assert next_num_demos(200, 0.65, [], 1500) is None  # no band: num_demos as given
+    # a small N leaves the band's edge: 20 x 0.75 rounds back to 20, so it steps by 10 (MetaWorld's 20 at 0.72)
+    assert next_num_demos(20, 0.72, band, 200) == 10 and next_num_demos(20, 0.05, band, 200) == 30

@@ -72,6 +72,23 @@ def test_run_until_abandons_the_running_episodes_and_leaves_the_envs_clean(subpr
     assert [(e.success, e.length) for e in again] == [(e.success, e.length) for e in ref]
 
 
+@pytest.mark.parametrize("envs_per_worker", [1, 3])
+def test_overlapped_cohorts_give_the_same_episodes(envs_per_worker):
+    """overlap=True: two cohorts of env processes take turns (one steps while the other's policy call runs); every
+    episode is the same as in lock-step rounds, and each policy call carries at most one cohort's envs."""
+    spec = make_env_spec("arena", resolution=32, num_init_states=50)
+    states = [(4, i) for i in range(5)]
+    out = {}
+    for overlap in (False, True):
+        cfg = RunnerConfig(num_envs=6, envs_per_worker=envs_per_worker, replan_steps=5, max_steps=40, overlap=overlap)
+        with RolloutRunner(spec, None, cfg) as runner:
+            eps = runner.run(states, group_size=2, policy=ArenaExpertPolicy(horizon=10))
+            out[overlap] = ([(e.index, e.success, e.length, e.total_reward) for e in eps],
+                            max(runner.last_stats.batch_sizes))
+    assert out[True][0] == out[False][0] and len(out[True][0]) == 10
+    assert out[False][1] == 6 and out[True][1] <= 3
+
+
 # ----------------------------------------------------------------------------- collection: same groups kept
 class HashReward(BinarySuccessReward):
     """A reward fixed by (init state, sample): which groups are informative does not depend on the rollout."""

@@ -380,6 +380,42 @@ def test_sft_to_plateau_stops_after_patience_and_keeps_the_best_weights(tmp_path
     assert (root / "model.safetensors").is_file() and root.parent == tmp_path / "ript_warm_start" and windows2
 
 
+def test_smoothed_plateau_ignores_a_lucky_check_and_a_capped_start_is_an_error():
+    import pi0.ript.warm_start as ws
+    from pi0.ript.warm_start import Plateau, arena_expert_demos, demo_windows, sft_to_plateau
+    cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
+    pol = tiny_arena_policy(cfg, default_norm_stats(8, 7))
+    windows = demo_windows(pol, arena_expert_demos([(4, 0)], 4, 2, resolution=32))
+    runner = arena_runner(2, replan_steps=2, resolution=32, max_steps=4)
+    real_eval, snaps = ws.evaluate, []
+    try:
+        def scripted(values):
+            it = iter(values)
+
+            def fake_eval(*a, **k):  # the scripted validation curve; the weights at each check are recorded
+                snaps.append({n: v.clone() for n, v in pol.model.state_dict().items()})
+                return next(it)
+            return fake_eval
+        # a lucky 0.9 at check 2; the mean of the last 3 checks (from check 3 on) peaks at check 6 (0.5, 0.6, 0.6)
+        ws.evaluate = scripted([0.2, 0.9, 0.1, 0.5, 0.6, 0.6, 0.2, 0.1, 0.1])
+        curve = sft_to_plateau(pol, windows, OptimizerConfig(lr=1e-2, minibatch_size=8), 100,
+                               Plateau([(4, 9)], every=2, patience=2, smooth=3), runner, log=False)
+        np.testing.assert_allclose([np.nan if c["val_smoothed"] is None else c["val_smoothed"] for c in curve],
+                                   [np.nan, np.nan, 0.4, 0.5, 0.4, 1.7 / 3, 1.4 / 3, 0.3], atol=1e-12)
+        for n, v in pol.model.state_dict().items():  # check 6's weights
+            assert torch.equal(v, snaps[5][n]), n
+        # still improving when the cap comes: not converged by its own rule
+        ws.evaluate = scripted([0.1, 0.2, 0.3])
+        with pytest.raises(RuntimeError, match="did not converge"):
+            sft_to_plateau(pol, windows, OptimizerConfig(lr=1e-2, minibatch_size=8), 6,
+                           Plateau([(4, 9)], every=2, patience=2, require_convergence=True), runner, log=False)
+    finally:
+        ws.evaluate = real_eval
+        runner.close()
+    # the new fields name a cached start only when set: the starts cached before them keep their keys
+    assert "smooth" not in Plateau([(4, 9)]).key_fields() and Plateau([(4, 9)], smooth=3).key_fields()["smooth"] == 3
+
+
 def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
     from pi0.ript.collection import Collection, Group
     from pi0.ript.warm_start import success_windows
@@ -388,3 +424,29 @@ def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
     col = Collection(groups=[Group((0, 0), eps, np.array([1.0, 0.0, 1.0]), np.array([0.5, -1.0, 0.5]))])
     ws = success_windows(FlowMatchingObjective(arena_policy), col)
     assert len(ws) == 4 and all(w["advantage"] == 0.0 for w in ws)  # 2 + 2 decisions of the two successes
+
+
+def test_rft_collects_with_the_rl_arms_stochastic_step(arena_policy):
+    """RFT's rollouts come from the RL arm's collector: the same fixed Flow-SDE step (a uniformly drawn one was a bug)."""
+    import copy
+
+    from pi0.ript.warm_start import rft
+
+    steps: dict[int, set] = {}
+    for sde_step in (1, -1):
+        seen: set = set()
+
+        def callback(st: dict) -> None:
+            for g in st["collection"].groups:
+                for ep in g.episodes:
+                    seen.update(int(d.extras["sde_step"]) for d in ep.decisions)
+
+        runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=8)
+        try:
+            rft(copy.deepcopy(arena_policy), [], runner, InitStateSampler({4: range(8)}), OptimizerConfig(lr=1e-4),
+                seconds=1e-3, num_groups=2, group_size=2, steps_per_iteration=1, callback=callback, sde_step=sde_step)
+        finally:
+            runner.close()
+        steps[sde_step] = seen
+    assert steps[1] == {1}
+    assert steps[-1] <= {0, 1} and len(steps[-1]) == 2  # -1 (RLinf's uniform draw) does vary the step

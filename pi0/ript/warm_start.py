@@ -77,11 +77,12 @@ ENVS = ("arena", "metaworld")
 
 
 def env_runner(env: str, num_envs: int, replan_steps: int, resolution: int = 64, max_steps: int | None = None,
-               num_init_states: int = 200, expert_horizon: int = 0, envs_per_worker: int = 1) -> RolloutRunner:
+               num_init_states: int = 200, expert_horizon: int = 0, envs_per_worker: int = 1,
+               overlap: bool = False) -> RolloutRunner:
     """The runner of a benchmark env: the arena in process (cheap; keeps the policy batches large), MetaWorld in
     subprocess workers (MuJoCo), ``envs_per_worker`` envs in each (one message per worker and round, so few
-    processes serve large policy batches). ``expert_horizon`` > 0: MetaWorld observations carry the expert's
-    chunks."""
+    processes serve large policy batches; ``overlap``: ``RunnerConfig.overlap``). ``expert_horizon`` > 0: MetaWorld
+    observations carry the expert's chunks."""
     if env == "arena":
         return arena_runner(num_envs, replan_steps, resolution, max_steps, num_init_states)
     if env != "metaworld":
@@ -92,7 +93,7 @@ def env_runner(env: str, num_envs: int, replan_steps: int, resolution: int = 64,
     extra = {"expert_chunks": True, "expert_horizon": expert_horizon} if expert_horizon else {}
     spec = make_env_spec("metaworld", resolution=resolution, num_init_states=num_init_states, **extra)
     return RolloutRunner(spec, None, RunnerConfig(num_envs=num_envs, replan_steps=replan_steps, max_steps=max_steps,
-                                                  envs_per_worker=min(envs_per_worker, num_envs)))
+                                                  envs_per_worker=min(envs_per_worker, num_envs), overlap=overlap))
 
 
 def expert_demos(env: str, demo_states: Sequence[tuple[int, int]], horizon: int, replan_steps: int,
@@ -165,12 +166,26 @@ def sft(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, 
 class Plateau:
     """Train SFT until held-out-validation success stops improving: evaluated every ``every`` steps (one rollout per
     state of ``val_states``), stopped after ``patience`` evaluations without a gain of more than ``min_delta`` over the
-    best, and the best weights are kept. The validation states must be disjoint from those a bench evaluates on."""
+    best, and the best weights are kept. The validation states must be disjoint from those a bench evaluates on.
+
+    ``smooth`` > 1: the criterion is the mean of the last ``smooth`` checks (a lucky noisy check does not become the
+    start; the weights kept are those of the last check of the best window). ``require_convergence``: reaching the
+    step cap before patience ran out is an error (the start would not be converged by its own rule)."""
 
     val_states: list[tuple[int, int]]
     every: int = 250
     patience: int = 4
     min_delta: float = 0.0
+    smooth: int = 1
+    require_convergence: bool = False
+
+    def key_fields(self) -> dict:
+        """The fields that name a cached start (the later ones only when set: older caches keep their keys)."""
+        d = asdict(self)
+        for name, default in (("smooth", 1), ("require_convergence", False)):
+            if d[name] == default:
+                d.pop(name)
+        return d
 
 
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
@@ -178,34 +193,47 @@ def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]],
     """Cache key of a warm-started checkpoint."""
     opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr"}  # no value head in SFT: not in the key
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, opt,
-                       asdict(stop) if stop else None, "v2-all-dims"] + ([env] if env != "arena" else []),
+                       stop.key_fields() if stop else None, "v2-all-dims"] + ([env] if env != "arena" else []),
                       sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, max_steps: int,
                    stop: Plateau, runner: RolloutRunner, seed: int = 0, log: bool = True) -> list[dict[str, float]]:
-    """SFT until ``stop`` says validation success plateaued (or ``max_steps``); loads the best weights into
-    ``policy`` -> the validation curve [{steps, val_success, seconds}]."""
+    """SFT until ``stop`` says validation success plateaued (or ``max_steps``: an error with
+    ``stop.require_convergence``); loads the best weights into ``policy`` -> the validation curve [{steps,
+    val_success, val_smoothed, seconds}]."""
     import copy
 
     upd, done, curve, t0 = None, 0, [], time.perf_counter()
     best, best_state, since = -1.0, None, 0
+    k = max(1, int(stop.smooth))
     while done < max_steps:
         n = min(stop.every, max_steps - done)
         upd = sft(policy, windows, opt_cfg, steps=n, seed=seed, update=upd)
         done += n
         val = evaluate(runner, policy, stop.val_states, seed=seed)
-        curve.append({"steps": done, "val_success": val, "seconds": time.perf_counter() - t0})
+        # the mean of the last k checks, once there are k (an early lucky check cannot become the start)
+        window = [c["val_success"] for c in curve[len(curve) - k + 1:]] + [val] if k > 1 else [val]
+        smoothed = float(np.mean(window)) if len(window) == k else None
+        curve.append({"steps": done, "val_success": val, "val_smoothed": smoothed,
+                      "seconds": time.perf_counter() - t0})
         if log:
-            print(f"warm start: {done} SFT steps, validation success {val:.3f} (best {max(best, val):.3f})",
-                  flush=True)
-        if val > best + stop.min_delta:
-            best, best_state, since = val, copy.deepcopy(policy.model.state_dict()), 0
+            print(f"warm start: {done} SFT steps, validation success {val:.3f}"
+                  + (f" (mean of the last {k}: {smoothed:.3f})" if k > 1 and smoothed is not None else "")
+                  + f" (best {max(best, smoothed if smoothed is not None else -1.0):.3f})", flush=True)
+        if smoothed is None:
+            continue
+        if smoothed > best + stop.min_delta:
+            best, best_state, since = smoothed, copy.deepcopy(policy.model.state_dict()), 0
         else:
             since += 1
             if since >= stop.patience:
                 break
+    else:
+        if stop.require_convergence and since < stop.patience:
+            raise RuntimeError(f"the SFT start did not converge: the step cap {max_steps} came after {since} of "
+                               f"{stop.patience} patience checks without a gain; raise the cap (sft_steps)")
     if best_state is not None:
         policy.model.load_state_dict(best_state)
     policy.eval()
@@ -237,13 +265,14 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
         with env_runner(env, min(50 if env == "arena" else 4, len(stop.val_states)), cfg.n_action_steps, resolution,
                         num_init_states=init_states_for(stop.val_states)) as val_runner:
             curve = sft_to_plateau(policy, windows, opt_cfg, sft_steps, stop, val_runner, seed=cfg.seed)
-    best = max(curve, key=lambda c: c["val_success"]) if curve else None
+    full = [c for c in curve if c["val_smoothed"] is not None]
+    best = max(full, key=lambda c: c["val_smoothed"]) if full else None
     tmp = root.with_name(root.name + ".tmp")
     policy.save_pretrained(tmp)
     (tmp / "warm_start.json").write_text(json.dumps({
         "config": asdict(cfg), "env": env, "demos": len(demo_states), "sft_steps_max": sft_steps,
         "stop": asdict(stop) if stop else None, "curve": curve, "seconds": time.perf_counter() - t0,
-        "steps": best["steps"] if best else sft_steps, "plateau": best["val_success"] if best else None}))
+        "steps": best["steps"] if best else sft_steps, "plateau": best["val_smoothed"] if best else None}))
     tmp.rename(root)
     return policy, windows, root
 

@@ -42,6 +42,9 @@ class RunnerConfig:
     recreate_every: int | None = None  # re-create each worker's env every N episodes
     max_episode_attempts: int = 3  # an episode may be started this many times before RolloutError
     progress: bool = False  # tqdm bar over episodes (rank 0 only)
+    # two cohorts of env processes: while one cohort's envs step, the policy decides for the other's (pays where env
+    # steps are slow and cores are spare: MetaWorld / LIBERO beside a GPU policy); each policy batch is half as large
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         """Reject bad values with the field named (before any worker starts)."""

@@ -353,21 +353,29 @@ class _Run:
     def loop(self) -> dict[int, Episode]:
         """Rounds of: schedule, receive, decide (one batched policy call), send; until every episode is done."""
         t_start = time.perf_counter()
+        cohorts = self.cohorts()
         try:
             while len(self.results) < self.num_requests and not self.stopped:
-                self.fill()  # 1. free workers get the next requested episodes
-                busy = [w for w, s in enumerate(self.slots) if s is not None and s.in_flight]
-                if not busy and not any(s is not None and s.needs_decision for s in self.slots):
-                    if not self.scheduler.pending:
-                        raise RuntimeError("rollout scheduler stalled")  # invariant guard
-                    continue
-                self.receive(busy)  # 2. one reply from every busy worker
-                need = [s for s in self.slots if s is not None and s.needs_decision and not s.in_flight]
-                if need:
-                    self.decide(need)  # 3. one batched policy call for every env at a decision point
-                    for slot in need:  # 4. each env gets its queued actions
-                        if self.slots[slot.worker] is slot:
-                            self.send_next(slot)
+                active = False
+                for cohort in cohorts:  # one cohort without overlap; with it, one steps while the other decides
+                    self.fill(cohort)  # 1. free workers get the next requested episodes
+                    busy = [w for w in cohort if self.slots[w] is not None and self.slots[w].in_flight]
+                    if not busy and not any(self.slots[w] is not None and self.slots[w].needs_decision
+                                            for w in cohort):
+                        continue
+                    active = True
+                    self.receive(busy)  # 2. one reply from every busy worker (of the cohort)
+                    need = [self.slots[w] for w in cohort if self.slots[w] is not None
+                            and self.slots[w].needs_decision and not self.slots[w].in_flight]
+                    if need:
+                        self.decide(need)  # 3. one batched policy call for every env at a decision point
+                        for slot in need:  # 4. each env gets its queued actions
+                            if self.slots[slot.worker] is slot:
+                                self.send_next(slot)
+                    if self.stopped:
+                        break
+                if not active and not self.scheduler.pending:
+                    raise RuntimeError("rollout scheduler stalled")  # invariant guard
             if self.stopped:
                 self.abandon()
         except BaseException:
@@ -380,9 +388,19 @@ class _Run:
         self.stats.add_episodes(list(self.results.values()))
         return self.results
 
-    def fill(self, worker: int | None = None) -> None:
-        """Start episodes on free workers (all, or only ``worker`` / its block)."""
-        workers = range(len(self.slots)) if worker is None else [worker]
+    def cohorts(self) -> list[list[int]]:
+        """The workers in cohorts: one (all) by default; with ``overlap``, two halves (by env process when there are
+        several), so that one half's envs step in their processes while the policy decides for the other's."""
+        n = len(self.slots)
+        if not self.c.overlap or n < 2:
+            return [list(range(n))]
+        per = int(getattr(self.vec, "envs_per_worker", 1))
+        side = (lambda w: (w // per) % 2) if -(-n // per) >= 2 else (lambda w: w % 2)  # noqa: E731
+        return [[w for w in range(n) if side(w) == c] for c in (0, 1)]
+
+    def fill(self, workers: Sequence[int] | None = None) -> None:
+        """Start episodes on free workers (all, or only ``workers`` / their blocks)."""
+        workers = range(len(self.slots)) if workers is None else workers
         for w, req in self.scheduler.assignments(workers, lambda i: self.slots[i] is None, self.runner.worker_task):
             self.start(w, req)
 
@@ -465,7 +483,7 @@ class _Run:
         if self.stop is not None and self.stop(self.results):
             self.stopped = True
             return
-        self.fill(slot.worker)  # the next reset overlaps with this round's policy call
+        self.fill([slot.worker])  # the next reset overlaps with this round's policy call
 
     def abandon(self) -> None:
         """After ``stop``: drop the episodes still running (their replies drained, so the workers are clean)."""
