@@ -365,3 +365,39 @@ def test_fused_sampler_reproduces_openpi_unfused_too(converted_tiny, pi0_referen
     for fuse in (True, False):
         out = FastSampler(model, fuse_layers=fuse)(**inp, noise=noise, num_steps=10)
         assert np.abs(out.numpy() - pi0_reference["actions"]).max() < 1e-4, fuse
+
+
+# ---------------------------------------------------------------- masked cameras (issue 40 item 3)
+@pytest.mark.parametrize("pi05", [False, True])
+def test_all_masked_camera_is_skipped_and_changes_nothing(model, pi05_model, pi05):
+    """A camera masked in every sample is not encoded and its tokens are not in the prefix, on the eager and the
+    fast path; the result equals the one with its tokens present but masked (positions from the mask's cumsum)."""
+    m = copy.deepcopy(pi05_model if pi05 else model)
+    pwe = m.paligemma_with_expert
+    inp = _inputs(m.cfg)  # camera 2 masked everywhere, camera 1 in sample 0 only
+    encoded = []
+    embed_image = pwe.embed_image
+    pwe.embed_image = lambda img: encoded.append(img.shape[0]) or embed_image(img)
+
+    def embed_all(images, img_masks, lang_tokens, lang_masks):  # every camera's tokens, masked ones included
+        embs = [embed_image(img) for img in images]
+        pads = [mk.bool()[:, None].expand(-1, e.shape[1]) for e, mk in zip(embs, img_masks)]
+        emb = torch.cat(embs + [pwe.embed_language(lang_tokens)], 1)
+        pad = torch.cat(pads + [lang_masks.bool()], 1)
+        return emb, pad, torch.zeros(emb.shape[1], dtype=torch.bool)
+
+    skipped = m.sample_actions(*inp, num_steps=4)
+    assert encoded == [2, 2]  # eager: two SigLIP passes of the batch (cameras 0 and 1), none for camera 2
+    _, pad = m.encode_prefix(*inp[:4])
+    p = m.cfg.vision.num_patches
+    assert pad.shape[1] == 2 * p + m.cfg.max_token_len
+    encoded.clear()
+    fast = FastSampler(m)(*inp, num_steps=4)
+    assert encoded == [4]  # fast: one SigLIP pass of the two live cameras
+    m.embed_prefix = embed_all
+    present = m.sample_actions(*inp, num_steps=4)
+    assert m.encode_prefix(*inp[:4])[1].shape[1] == 3 * p + m.cfg.max_token_len
+    assert (present - skipped).abs().max() < ATOL and (fast - present).abs().max() < ATOL
+    # the same inputs with camera 2 unmasked for one sample do change the chunk (the test can see a camera)
+    masks = [inp[1][0], inp[1][1], torch.arange(2) == 1]
+    assert (m.sample_actions(inp[0], masks, *inp[2:], num_steps=4) - present).abs().max() > 1e-3
