@@ -1,13 +1,16 @@
 """FastSampler: same numbers as the eager PI0Model.sample_actions, with each FLOP saving checked on its own."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import model_inputs
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
+from pi0.models.gemma import rms_normalize
 from pi0.models.fast_sampler import (FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding,
                               weight_bytes_per_call)
 from pi0.modeling_pi0 import PI0Model, PI0Policy
@@ -268,3 +271,133 @@ def test_flow_sde_fast_without_value_head_and_weight_updates(model):
     torch.testing.assert_close(out["log_prob"], ref2["log_prob"], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="sde_step must be"):
         fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, sde_step=4)
+
+
+# ---------------------------------------------------------------- fused layers (issue 40 item 2)
+def test_fold_norm_scale_and_rope_tables_by_hand():
+    from pi0.models.attention import apply_rope
+    from pi0.models.fused import fold_norm_scale, rope_tables
+    from pi0.models.gemma import RMSNorm
+
+    norm = RMSNorm(2)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, -0.5]))  # (1 + scale) = [2, 0.5]
+    w = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert fold_norm_scale(w, norm).tolist() == [[2.0, 1.0], [6.0, 2.0]]  # columns scaled
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(F.linear(norm(x), w), F.linear(rms_normalize(x), fold_norm_scale(w, norm)))
+    # RoPE tables: q rotated and scaled by head_dim**-0.5, k rotated, v untouched, all by x * cos + roll(x) * sin
+    pos = torch.tensor([[0, 3, 7]])
+    cos, sin = rope_tables(pos, num_heads=2, num_kv=1, head_dim=8)
+    assert cos.shape == (1, 3, 4, 8)
+    x = torch.randn(1, 3, 4, 8)
+    out = x * cos + x.roll(4, -1) * sin
+    torch.testing.assert_close(out[:, :, :2], apply_rope(x[:, :, :2], pos) * 8 ** -0.5, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out[:, :, 2:3], apply_rope(x[:, :, 2:3], pos), atol=1e-6, rtol=0)
+    assert torch.equal(out[:, :, 3:], x[:, :, 3:])
+
+
+def test_adarms_modulations_in_one_gemm_equal_each_norm():
+    from pi0.models.fused import adarms_modulations, adarms_stack
+
+    m = _random_model(pi05=True)
+    expert = m.paligemma_with_expert.experts[1]
+    cond = torch.randn(1, 64)
+    mods = adarms_modulations(adarms_stack(expert), cond, torch.float32, 64)
+    norms = [n for lay in expert.layers for n in (lay.input_layernorm, lay.post_attention_layernorm)] + [expert.norm]
+    assert len(mods) == len(norms) == 9
+    x = torch.randn(2, 5, 64)
+    for (scale1, shift, gate), norm in zip(mods, norms):
+        ref, ref_gate = norm(x, cond)
+        torch.testing.assert_close(rms_normalize(x) * scale1 + shift, ref, atol=1e-6, rtol=0)
+        torch.testing.assert_close(gate, ref_gate, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_fused_layers_match_eager(model, pi05_model, pi05, attn):
+    m = copy.deepcopy(pi05_model if pi05 else model)
+    m.cfg = m.paligemma_with_expert.cfg = dataclasses.replace(m.cfg, attn_implementation=attn)
+    inp = _inputs(m.cfg)
+    ref = m.sample_actions(*inp, num_steps=10)
+    fast = FastSampler(m)
+    torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)
+    assert fast._fw is not None and fast._buffers and all(not b.k for b in fast._buffers.values())  # fused cache
+    unfused = FastSampler(m, fuse_layers=False)
+    torch.testing.assert_close(unfused(*inp, num_steps=10), ref, atol=ATOL, rtol=0)
+    assert unfused._fw is None
+    # ragged batch of one, other bucket
+    one = _inputs(m.cfg, b=1, lengths=(30,), seed=3)
+    torch.testing.assert_close(fast(*one, num_steps=3), m.sample_actions(*one, num_steps=3), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+def test_fused_weights_follow_optimizer_steps_and_lora(model, pi05_model, pi05):
+    """RL updates weights between calls: the folded / concatenated copies must follow (optimizer's in-place
+    updates, a LoRA adapter's update merged in)."""
+    from pi0.models.lora import apply_lora
+
+    m = copy.deepcopy(pi05_model if pi05 else model)
+    inp = _inputs(m.cfg)
+    fast = FastSampler(m)
+    before = fast(*inp, num_steps=3)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)  # foreach in-place updates of every parameter
+    loss = m(*inp[:5], actions=torch.zeros_like(inp[5]), noise=inp[5], time=torch.full((2,), 0.5)).mean()
+    loss.backward()
+    opt.step()
+    after = fast(*inp, num_steps=3)
+    assert (after - before).abs().max() > 1e-3
+    torch.testing.assert_close(after, m.sample_actions(*inp, num_steps=3), atol=ATOL, rtol=0)
+    apply_lora(m)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    lora = fast(*inp, num_steps=3)
+    assert (lora - after).abs().max() > 1e-3
+    torch.testing.assert_close(lora, m.sample_actions(*inp, num_steps=3), atol=ATOL, rtol=0)
+
+
+def test_fused_sampler_reproduces_openpi_unfused_too(converted_tiny, pi0_reference):
+    model = PI0Policy.from_pretrained(converted_tiny).model
+    inp = model_inputs(pi0_reference)
+    noise = torch.from_numpy(pi0_reference["noise"])
+    for fuse in (True, False):
+        out = FastSampler(model, fuse_layers=fuse)(**inp, noise=noise, num_steps=10)
+        assert np.abs(out.numpy() - pi0_reference["actions"]).max() < 1e-4, fuse
+
+
+# ---------------------------------------------------------------- masked cameras (issue 40 item 3)
+@pytest.mark.parametrize("pi05", [False, True])
+def test_all_masked_camera_is_skipped_and_changes_nothing(model, pi05_model, pi05):
+    """A camera masked in every sample is not encoded and its tokens are not in the prefix, on the eager and the
+    fast path; the result equals the one with its tokens present but masked (positions from the mask's cumsum)."""
+    m = copy.deepcopy(pi05_model if pi05 else model)
+    pwe = m.paligemma_with_expert
+    inp = _inputs(m.cfg)  # camera 2 masked everywhere, camera 1 in sample 0 only
+    encoded = []
+    embed_image = pwe.embed_image
+    pwe.embed_image = lambda img: encoded.append(img.shape[0]) or embed_image(img)
+
+    def embed_all(images, img_masks, lang_tokens, lang_masks):  # every camera's tokens, masked ones included
+        embs = [embed_image(img) for img in images]
+        pads = [mk.bool()[:, None].expand(-1, e.shape[1]) for e, mk in zip(embs, img_masks)]
+        emb = torch.cat(embs + [pwe.embed_language(lang_tokens)], 1)
+        pad = torch.cat(pads + [lang_masks.bool()], 1)
+        return emb, pad, torch.zeros(emb.shape[1], dtype=torch.bool)
+
+    skipped = m.sample_actions(*inp, num_steps=4)
+    assert encoded == [2, 2]  # eager: two SigLIP passes of the batch (cameras 0 and 1), none for camera 2
+    _, pad = m.encode_prefix(*inp[:4])
+    p = m.cfg.vision.num_patches
+    assert pad.shape[1] == 2 * p + m.cfg.max_token_len
+    encoded.clear()
+    fast = FastSampler(m)(*inp, num_steps=4)
+    assert encoded == [4]  # fast: one SigLIP pass of the two live cameras
+    m.embed_prefix = embed_all
+    present = m.sample_actions(*inp, num_steps=4)
+    assert m.encode_prefix(*inp[:4])[1].shape[1] == 3 * p + m.cfg.max_token_len
+    assert (present - skipped).abs().max() < ATOL and (fast - present).abs().max() < ATOL
+    # the same inputs with camera 2 unmasked for one sample do change the chunk (the test can see a camera)
+    masks = [inp[1][0], inp[1][1], torch.arange(2) == 1]
+    assert (m.sample_actions(inp[0], masks, *inp[2:], num_steps=4) - present).abs().max() > 1e-3

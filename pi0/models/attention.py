@@ -32,17 +32,22 @@ def make_positions(input_mask: torch.Tensor, offset: torch.Tensor | int = 0) -> 
     )
 
 
+def rope_angles(positions: torch.Tensor, head_dim: int, max_wavelength: float = 10_000.0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) positions -> (sin, cos) (B, T, 1, H/2) float32 of openpi's RoPE (as in openpi gemma.py _apply_rope)."""
+    freq_exponents = (2.0 / head_dim) * torch.arange(head_dim // 2, dtype=torch.float32, device=positions.device)
+    timescale = max_wavelength**freq_exponents  # (H/2,)
+    radians = positions.to(torch.float32)[..., None] / timescale  # (B, T, H/2)
+    radians = radians[..., None, :]  # (B, T, 1, H/2)
+    return torch.sin(radians), torch.cos(radians)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, max_wavelength: float = 10_000.0) -> torch.Tensor:
     """(B, T, N, H) x, (B, T) positions -> RoPE-rotated x, split-half convention, math in float32.
 
     as in openpi gemma.py _apply_rope (same as HF rotate_half).
     """
-    head_dim = x.shape[-1]
-    freq_exponents = (2.0 / head_dim) * torch.arange(head_dim // 2, dtype=torch.float32, device=x.device)
-    timescale = max_wavelength**freq_exponents  # (H/2,)
-    radians = positions.to(torch.float32)[..., None] / timescale  # (B, T, H/2)
-    radians = radians[..., None, :]  # (B, T, 1, H/2)
-    sin, cos = torch.sin(radians), torch.cos(radians)
+    sin, cos = rope_angles(positions, x.shape[-1], max_wavelength)
     x1, x2 = torch.chunk(x.to(torch.float32), 2, dim=-1)
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return out.to(x.dtype)

@@ -11,6 +11,10 @@
   arithmetic) and the time half of that MLP precomputed per Euler time (pi0.5: the adaRMS time condition
   precomputed per Euler time; pi0.5 has no state token);
 * static-shape KV caches (capacity bucketed, masked tail) so the denoise step has one shape per batch size;
+* ``fuse_layers`` (default): the Gemma layers of the prefix pass and of every Euler step run on fused weights
+  (``pi0.models.fused``: q/k/v and gate/up in one GEMM each, RMSNorm scales folded into the next linear, pi0.5's
+  adaRMS modulations precomputed per Euler time, RoPE and the KV-cache write in a few ops, SDPA), about a third of
+  the operators per call (``bench/sampling.py --count_ops``); the last prefix layer stops after its keys/values;
 * optionally ``torch.compile`` on the denoise step and, on CUDA, one CUDA graph of the whole Euler loop
   per (batch size, cache bucket, num_steps), replayed with copy-in / copy-out.
 
@@ -24,10 +28,11 @@ checks parity.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -36,6 +41,8 @@ from torch.profiler import record_function
 
 from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.flow import euler_integrate, posemb_sincos
+from pi0.models.fused import (FusedWeights, _copy_into, adarms_modulations, cache_views, cast, fused_layer,
+                              mask_bias, rms, rope_tables)
 from pi0.models.flow_sde import gaussian_log_prob, sde_coefficients, sde_mean, sde_times
 
 BACKENDS = ("inductor", "aot_eager", "eager")
@@ -54,6 +61,12 @@ def trim_prompt_padding(tokens: torch.Tensor, mask: torch.Tensor, multiple: int 
 
 def euler_times(num_steps: int) -> list[float]:
     """The float32 times t (1.0, 0.9, ...) at which ``pi0.models.flow.euler_integrate`` evaluates the velocity."""
+    return list(_euler_times(num_steps))
+
+
+@functools.lru_cache(maxsize=64)
+def _euler_times(num_steps: int) -> tuple[float, ...]:
+    """:func:`euler_times`, computed once per ``num_steps`` (it runs the integrator: ops not worth a call)."""
     times: list[float] = []
 
     def record(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -61,7 +74,7 @@ def euler_times(num_steps: int) -> list[float]:
         return torch.zeros_like(x)
 
     euler_integrate(record, torch.zeros(1, 1, 1), num_steps)
-    return times
+    return tuple(times)
 
 
 def fold_action_time_mlp(w_in: torch.Tensor, b_in: torch.Tensor, w_mlp: torch.Tensor, b_mlp: torch.Tensor
@@ -85,14 +98,20 @@ def round_up(n: int, multiple: int) -> int:
 
 @dataclass
 class _Buffers:
-    """Static tensors of one (batch, cache capacity) shape: KV cache, masks, positions, noise in."""
+    """Static tensors of one (batch, cache capacity) shape: KV cache, masks, positions, noise in, and the tensor
+    arguments of the step function (``step_args``: the same objects on every call, as a CUDA graph needs)."""
 
-    k: list[torch.Tensor]  # depth x (B, C, K, H)
+    k: list[torch.Tensor]  # unfused: depth x (B, C, K, H)
     v: list[torch.Tensor]
     key_valid: torch.Tensor  # (B, C) bool
     mask: torch.Tensor  # (B, Ha, C + Ha) bool: action queries -> cache keys ++ action keys
     positions: torch.Tensor  # (B, Ha) long
     x: torch.Tensor  # (B, Ha, A) float32 noise
+    kv: list[torch.Tensor] = field(default_factory=list)  # fused: depth x (B, C + Ha, 2K, H), cache ++ actions
+    bias: torch.Tensor | None = None  # fused: (B, 1, Ha, C + Ha) additive mask of the action queries
+    cos: torch.Tensor | None = None  # fused: (B, Ha, N + 2K, H) RoPE tables of the action tokens (fused.rope_tables)
+    sin: torch.Tensor | None = None
+    step_args: tuple = ()
 
 
 class FastSampler:
@@ -100,7 +119,7 @@ class FastSampler:
 
     def __init__(self, model: Any, compile: bool = False, backend: str = "inductor", cuda_graph: bool | None = None,
                  trim_prompt: bool = True, fuse_projections: bool = True, batch_cameras: bool = True,
-                 cache_bucket: int = 16, warmup: int = 2, compile_prefix: bool = False):
+                 cache_bucket: int = 16, warmup: int = 2, compile_prefix: bool = False, fuse_layers: bool = True):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if cache_bucket < 1:
@@ -108,11 +127,16 @@ class FastSampler:
         self.model = model
         self.options = dict(compile=compile, backend=backend, cuda_graph=cuda_graph, trim_prompt=trim_prompt,
                             fuse_projections=fuse_projections, batch_cameras=batch_cameras,
-                            cache_bucket=cache_bucket, warmup=warmup, compile_prefix=compile_prefix)
+                            cache_bucket=cache_bucket, warmup=warmup, compile_prefix=compile_prefix,
+                            fuse_layers=fuse_layers)
         self.compile, self.backend, self.cuda_graph = compile, backend, cuda_graph
         self.trim_prompt, self.fuse_projections, self.batch_cameras = trim_prompt, fuse_projections, batch_cameras
         self.cache_bucket, self.warmup = cache_bucket, warmup
-        self._step_fn = torch.compile(self._step, backend=backend, dynamic=False) if compile else self._step
+        # fuse_layers: the Gemma layers of the prefix and of every Euler step on fused weights (pi0.models.fused)
+        self.fuse_layers = fuse_layers
+        self._fw: FusedWeights | None = None  # built on first use, refreshed when the weights change
+        step = self._fused_step if fuse_layers else self._step
+        self._step_fn = torch.compile(step, backend=backend, dynamic=False) if compile else step
         # compile_prefix: SigLIP and the prefix transformer pass compiled too (prompt trimmed to multiples of 16
         # so that only a few prefix shapes occur); camera skipping and trimming stay outside (data-dependent).
         # Built on first use: a deep copy binds a model whose attributes are not filled in yet.
@@ -147,8 +171,8 @@ class FastSampler:
     def _time_inputs(self, times: list[float], batch: int, device: torch.device) -> list[torch.Tensor]:
         """Per-Euler-step time inputs of the step function at ``times`` (kept alive: CUDA graphs read them).
 
-        Fused: c_i (1, 1, W) = W_t posemb(t_i) + b, then W_x; unfused: posemb(t_i) (B, Ha, W); pi0.5: the (1, W)
-        adaRMS condition. Recomputed in place when the head weights change (their ``_version``), so training
+        Fused: c_i (W,) = W_t posemb(t_i) + b, then W_x; unfused: posemb(t_i) (B, Ha, W); pi0.5: the (1, W)
+        adaRMS condition (``fuse_layers``: :meth:`_pi05_step_consts` of it). Recomputed in place when the head weights change (their ``_version``), so training
         updates are picked up.
         """
         m = self.model
@@ -158,6 +182,8 @@ class FastSampler:
             heads = (m.action_in_proj.weight, m.action_in_proj.bias, m.action_time_mlp_in.weight,
                      m.action_time_mlp_in.bias)
         version = tuple(p._version for p in heads) + tuple(p.data_ptr() for p in heads)
+        if self.fuse_layers and m.cfg.pi05:  # the adaRMS stack and the output head come from the fused weights
+            version += (self._fw.generation,)
         key = (tuple(times), batch if not self.fused else 0, device)
         entry = self._consts.get(key)
         if entry is not None and entry["version"] == version:
@@ -166,21 +192,35 @@ class FastSampler:
         dtype = m.action_in_proj.weight.dtype
         ts = torch.tensor(times, dtype=torch.float32, device=device)
         emb = posemb_sincos(ts, w).to(dtype)  # (S, W)
-        if m.cfg.pi05:  # as in PI0Model.time_condition, one (1, W) condition per Euler time
+        if m.cfg.pi05 and self.fuse_layers:
+            new = [self._pi05_step_consts(m.time_condition(t[None])) for t in ts]
+        elif m.cfg.pi05:  # as in PI0Model.time_condition, one (1, W) condition per Euler time
             new = [m.time_condition(t[None]) for t in ts]
         elif self.fused:
             w_x, w_t, bias = fold_action_time_mlp(*(p.detach() for p in heads))
-            new = [(F.linear(e, w_t) + bias)[None, None] for e in emb]  # S x (1, 1, W)
+            new = [F.linear(e, w_t) + bias for e in emb]  # S x (W,)
             new.append(w_x)
         else:
             new = [e[None, None].expand(batch, h, -1).contiguous() for e in emb]  # S x (B, Ha, W)
         if entry is None:
             entry = self._consts[key] = {"inputs": new}
         else:  # in place: captured graphs keep pointing at these tensors
-            for old, fresh in zip(entry["inputs"], new):
-                old.copy_(fresh)
+            _copy_into(entry["inputs"], new)
         entry["version"] = version
         return entry["inputs"]
+
+    def _pi05_step_consts(self, cond: torch.Tensor) -> tuple[tuple, torch.Tensor, torch.Tensor]:
+        """pi0.5, one Euler time's adaRMS condition (1, W) -> (per layer (input, post-attention) modulations
+        (1 + scale, shift, gate) (1, 1, D), action_out_proj weight (A, W) and bias (A,) with the final adaRMS
+        norm folded in: W ((1 + s) n + h) + b = (W diag(1 + s)) n + (W h + b), float64 products rounded once)."""
+        m, fw = self.model, self._fw
+        mods = adarms_modulations(fw.ada, cond, m.compute_dtype, m.cfg.action_expert.width)
+        layer_mods = tuple((mods[2 * i], mods[2 * i + 1]) for i in range(len(fw.expert)))
+        scale1, shift, _ = mods[-1]  # the final norm's gate is unused (as in PaliGemmaWithExpert.forward)
+        w = fw.out_w.double()
+        out_w = (w * scale1.double().view(1, -1)).to(fw.out_w.dtype)
+        out_b = (w @ shift.double().view(-1) + fw.out_b.double()).to(fw.out_b.dtype)
+        return layer_mods, out_w, out_b
 
     def _split(self, time_inputs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """(W_x (W, A) when fused else None, the per-step time inputs)."""
@@ -188,14 +228,16 @@ class FastSampler:
 
     # ------------------------------------------------------------------ prefix
     def _vision_and_joint(self) -> tuple[Any, Any]:
-        """(SigLIP embed_image, joint transformer forward), compiled when ``compile_prefix``."""
+        """(SigLIP embed_image, joint transformer forward: the fused prefix pass with ``fuse_layers``), compiled when
+        ``compile_prefix``."""
         if self._prefix_fns is None:
             pwe = self.model.paligemma_with_expert
+            joint = self._fused_prefix if self.fuse_layers else pwe.forward
             if self.compile_prefix:
                 self._prefix_fns = (torch.compile(pwe.embed_image, backend=self.backend, dynamic=False),
-                                    torch.compile(pwe.forward, backend=self.backend, dynamic=False))
+                                    torch.compile(joint, backend=self.backend, dynamic=False))
             else:
-                self._prefix_fns = (pwe.embed_image, pwe)
+                self._prefix_fns = (pwe.embed_image, joint)
         return self._prefix_fns
 
     def embed_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
@@ -233,24 +275,25 @@ class FastSampler:
         with record_function("pi0.models.siglip+embed"):
             emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         with record_function("pi0.prefix"):
-            b, tp = pad.shape
-            joint = self._vision_and_joint()[1]
+            b = pad.shape[0]
             if m.cfg.pi05:  # no state token: the cache is the prefix's
-                full_pad = pad
-                outs, cache = joint([emb, None], make_attn_mask(pad, ar), make_positions(pad), return_kv_cache=True)
+                full_pad, full_ar, embs = pad, ar, [emb]
             else:
                 # as in openpi pi0.py embed_suffix: the state token starts its own block (ar=True) after the prefix
                 state_tok = m._linear(m.state_proj, state)[:, None].to(m.compute_dtype)  # (B, 1, W)
                 ones = torch.ones(b, 1, dtype=torch.bool, device=pad.device)
-                full_pad = torch.cat([pad, ones], 1)
-                full_ar = torch.cat([ar, ones[0]], 0)
-                outs, cache = joint([emb, state_tok], make_attn_mask(full_pad, full_ar), make_positions(full_pad),
-                                    return_kv_cache=True)
-        n = full_pad.shape[1]
-        buf = self._get_buffers(b, round_up(n, self.cache_bucket), pad.device, cache[0][0])
-        for layer, (k, v) in enumerate(cache):
-            buf.k[layer][:, :n].copy_(k)
-            buf.v[layer][:, :n].copy_(v)
+                full_pad, full_ar, embs = torch.cat([pad, ones], 1), torch.cat([ar, ones[0]], 0), [emb, state_tok]
+            n = full_pad.shape[1]
+            buf = self._get_buffers(b, round_up(n, self.cache_bucket), pad.device, m.compute_dtype)
+            mask, positions = make_attn_mask(full_pad, full_ar), make_positions(full_pad)
+            if self.fuse_layers:
+                outs = self._vision_and_joint()[1](embs, mask, positions, buf, n, value)
+            else:
+                outs, cache = self._vision_and_joint()[1](embs + [None] * (2 - len(embs)), mask, positions,
+                                                          return_kv_cache=True)
+                for layer, (k, v) in enumerate(cache):
+                    buf.k[layer][:, :n].copy_(k)
+                    buf.v[layer][:, :n].copy_(v)
         buf.key_valid.zero_()
         buf.key_valid[:, :n].copy_(full_pad)
         h = m.cfg.action_horizon
@@ -258,23 +301,66 @@ class FastSampler:
         buf.mask[:, :, :cap].copy_(buf.key_valid[:, None, :].expand(-1, h, -1))
         # as in openpi pi0.py sample_actions: suffix positions continue from sum(prefix_mask) (+1: pi0's state)
         buf.positions.copy_(full_pad.sum(-1, keepdim=True) + torch.arange(h, device=pad.device))
+        if self.fuse_layers:
+            g = m.cfg.paligemma
+            cos, sin = rope_tables(buf.positions, g.num_heads, g.num_kv_heads, g.head_dim)
+            buf.cos.copy_(cos)
+            buf.sin.copy_(sin)
+            buf.bias.copy_(mask_bias(buf.mask, m.compute_dtype))
         if value:
-            return buf, m.value_from(outs[0], pad, outs[1])
+            return buf, m.value_from(outs[0], pad, outs[1] if len(outs) > 1 else None)
         return buf
 
-    def _get_buffers(self, b: int, cap: int, device: torch.device, like: torch.Tensor) -> _Buffers:
+    def _fused_prefix(self, embs: list[torch.Tensor], mask: torch.Tensor, positions: torch.Tensor, buf: _Buffers,
+                      n: int, outputs: bool) -> list[torch.Tensor]:
+        """The prefix (+ pi0's state token) pass on fused weights, keys/values written into ``buf.kv[:, :n]``.
+
+        embs: VLM tokens (B, Tp, D) [+ state token (B, 1, W)], mask (B, T, T), positions (B, T) -> with
+        ``outputs`` the final-normed outputs per expert (as ``PaliGemmaWithExpert.forward``), else [] (the last
+        layer then stops after its keys/values: its attention and MLP feed nothing).
+        """
+        m, fw = self.model, self._fw
+        g = m.cfg.paligemma
+        cd = m.compute_dtype
+        cos, sin = rope_tables(positions, g.num_heads, g.num_kv_heads, g.head_dim)  # (B, T, N + 2K, H)
+        bias = mask_bias(mask, cd)  # (B, 1, T, T)
+        stacks = [fw.vlm, fw.expert][:len(embs)]
+        hs = embs
+        for i in range(g.depth):
+            kv = buf.kv[i][:, :n]  # (B, T, 2K, H)
+            hs = fused_layer(hs, [st[i] for st in stacks], [None] * len(hs), cos, sin, kv,
+                             *cache_views(kv, g.num_kv_heads), bias, g.num_heads, cd, finish=outputs or i < g.depth - 1)
+        if not outputs:
+            return []
+        experts = m.paligemma_with_expert.experts
+        return [experts[j].norm(h) for j, h in enumerate(hs)]
+
+    def _get_buffers(self, b: int, cap: int, device: torch.device, dtype: torch.dtype) -> _Buffers:
         """Zero-initialised static buffers for (B, capacity) (masked slots must hold finite values)."""
-        key = (b, cap, device, like.dtype)
+        key = (b, cap, device, dtype)
         if key not in self._buffers:
             cfg = self.model.cfg
             h, kv, hd = cfg.action_horizon, cfg.paligemma.num_kv_heads, cfg.paligemma.head_dim
-            z = lambda: torch.zeros(b, cap, kv, hd, dtype=like.dtype, device=device)  # noqa: E731
-            mask = torch.ones(b, h, cap + h, dtype=torch.bool, device=device)
-            self._buffers[key] = _Buffers(
-                k=[z() for _ in range(cfg.paligemma.depth)], v=[z() for _ in range(cfg.paligemma.depth)],
-                key_valid=torch.zeros(b, cap, dtype=torch.bool, device=device), mask=mask,
+            depth, nh = cfg.paligemma.depth, cfg.paligemma.num_heads
+            z = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+            fused = self.fuse_layers
+            buf = _Buffers(
+                k=[] if fused else [z(b, cap, kv, hd) for _ in range(depth)],
+                v=[] if fused else [z(b, cap, kv, hd) for _ in range(depth)],
+                key_valid=torch.zeros(b, cap, dtype=torch.bool, device=device),
+                mask=torch.ones(b, h, cap + h, dtype=torch.bool, device=device),
                 positions=torch.zeros(b, h, dtype=torch.long, device=device),
                 x=torch.zeros(b, h, cfg.action_dim, dtype=torch.float32, device=device))
+            if fused:
+                buf.kv = [z(b, cap + h, 2 * kv, hd) for _ in range(depth)]
+                buf.bias = z(b, 1, h, cap + h)
+                buf.cos, buf.sin = (torch.zeros(b, h, nh + 2 * kv, hd, device=device) for _ in range(2))
+                views = [cache_views(t, kv) for t in buf.kv]
+                buf.step_args = ([t[:, cap:] for t in buf.kv], [k for k, _ in views], [v for _, v in views],
+                                 buf.bias, buf.cos, buf.sin)
+            else:
+                buf.step_args = (buf.k, buf.v, buf.mask, buf.positions)
+            self._buffers[key] = buf
         return self._buffers[key]
 
     # ------------------------------------------------------------------ denoise
@@ -296,13 +382,42 @@ class FastSampler:
         (_, out), _ = m.paligemma_with_expert([None, hid], mask, positions, kv_cache=list(zip(ks, vs)))
         return m._velocity(out, x.shape[1])
 
+    def _fused_step(self, x: torch.Tensor, time_in: Any, w_x: torch.Tensor | None, kv_tail: list[torch.Tensor],
+                    ks: list[torch.Tensor], vs: list[torch.Tensor], bias: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+        """:meth:`_step` on fused weights (``pi0.models.fused``): x_t (B,Ha,A) -> v_t (B,Ha,A) float32.
+
+        kv_tail[i] (B, Ha, 2K, H): layer i's action-token cache slots; ks/vs[i] (B, K, C + Ha, H) the whole cache;
+        time_in: pi0 c_t (W,) (fused projections) or posemb (B, Ha, W); pi0.5 (per-layer adaRMS modulations,
+        action_out_proj weight and bias with the final adaRMS norm folded in) of this Euler time.
+        """
+        m, fw = self.model, self._fw
+        cd = m.compute_dtype
+        if m.cfg.pi05:  # as in PI0Model._embed_suffix_pi05
+            layer_mods, out_w, out_b = time_in
+            hid = m._linear(m.action_in_proj, x)
+        else:
+            layer_mods, out_w, out_b = [None] * len(fw.expert), fw.out_w, fw.out_b
+            if w_x is not None:  # fused: mlp_in(action_in(x) ++ e) = W_x x + c_t
+                hid = F.linear(x, w_x, time_in)
+            else:  # as in PI0Model.embed_suffix
+                act = m._linear(m.action_in_proj, x)
+                hid = m._linear(m.action_time_mlp_in, torch.cat([act, time_in.to(act.dtype)], -1))
+            hid = m._linear(m.action_time_mlp_out, F.silu(hid))
+        hid = cast(hid, cd)
+        nh = m.cfg.paligemma.num_heads
+        for i, lay in enumerate(fw.expert):
+            hid = fused_layer([hid], [lay], [layer_mods[i]], cos, sin, kv_tail[i], ks[i], vs[i], bias, nh, cd)[0]
+        # the final norm folded into action_out_proj: as in PI0Model._velocity, in the head's float32
+        return F.linear(rms(hid), out_w, out_b)
+
     def _loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float) -> torch.Tensor:
         """The whole Euler loop on static buffers (what the CUDA graph captures): x (B,Ha,A) -> actions."""
         w_x, steps = self._split(time_inputs)
         x = buf.x
         for i, time_in in enumerate(steps):
             with record_function(f"pi0.denoise_step_{i}"):
-                v = self._step_fn(x, time_in, w_x, buf.k, buf.v, buf.mask, buf.positions)
+                v = self._step_fn(x, time_in, w_x, *buf.step_args)
                 x = x + dt * v  # as in openpi pi0.py sample_actions: x_{t+dt} = x_t + dt * v_t
         return x
 
@@ -319,7 +434,7 @@ class FastSampler:
         chain, log_prob = [x], x
         for i, time_in in enumerate(steps):
             with record_function(f"pi0.denoise_step_{i}"):
-                v = self._step_fn(x, time_in, w_x, buf.k, buf.v, buf.mask, buf.positions)
+                v = self._step_fn(x, time_in, w_x, *buf.step_args)
                 if i == sde_step:
                     mean = sde_mean(x, v, dt, coefs[0], coefs[1])
                     x = mean + coefs[2] * eps()
@@ -368,6 +483,11 @@ class FastSampler:
         if ptrs != self._param_ptrs:  # weights re-allocated (.to(), p.data = ...): captured graphs are stale
             self._graphs.clear()
             self._param_ptrs = ptrs
+        if self.fuse_layers:  # fused weights follow the model's (an RL update between calls)
+            if self._fw is None:
+                self._fw = FusedWeights(self.model)
+            else:
+                self._fw.refresh()
         return noise
 
     @torch.no_grad()

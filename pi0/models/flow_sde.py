@@ -14,6 +14,7 @@ weights (``step_log_prob``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,8 +26,13 @@ def sde_times(num_steps: int) -> list[float]:
     """The N times at which the velocity is evaluated: 1, 1 - 1/N, ..., 1/N (float32 values, as the ODE sampler)."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    return list(_sde_times(num_steps))
+
+
+@functools.lru_cache(maxsize=64)
+def _sde_times(num_steps: int) -> tuple[float, ...]:
     d = torch.tensor(1.0 / num_steps, dtype=torch.float32)
-    return [float(torch.tensor(1.0, dtype=torch.float32) - k * d) for k in range(num_steps)]
+    return tuple(float(torch.tensor(1.0, dtype=torch.float32) - k * d) for k in range(num_steps))
 
 
 def sde_coefficients(t: float | torch.Tensor, dt: float, noise_level: float, like: torch.Tensor
