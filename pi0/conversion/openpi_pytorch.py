@@ -533,11 +533,13 @@ def plan_foreign(directory: str | Path, norm_stats: str | Path | None = None, op
                  **overrides: Any) -> ForeignPlan:
     """Detect, infer the architecture, find the stats and settings, and check every key and shape (no tensor read).
 
-    ``overrides``: PolicyConfig fields (n_action_steps, num_steps, ...) or model fields (dtype, action_horizon,
-    max_token_len, attn_implementation, ...) that win over what was inferred.
+    ``overrides``: PolicyConfig fields (n_action_steps, num_steps, ...), model fields (dtype, action_horizon,
+    max_token_len, attn_implementation, ...) or ``paligemma_variant`` / ``action_expert_variant`` (the heads, for a
+    file without config.json whose sizes match no known variant) that win over what was inferred.
     """
     from pi0.policies.pi0 import PolicyConfig
 
+    variants = {k: overrides.pop(k, None) for k in ("paligemma_variant", "action_expert_variant")}
     ckpt = detect(directory)
     if ckpt.layout not in layouts:
         raise UserError(f"{ckpt.directory} is in {ckpt.layout} layout, not {' / '.join(layouts)}")
@@ -554,7 +556,7 @@ def plan_foreign(directory: str | Path, norm_stats: str | Path | None = None, op
     if ckpt.layout.startswith("lerobot") and "dtype" not in model_kw:
         model_kw["dtype"] = "float32"
     c = ckpt.config
-    variants = dict(paligemma_variant=c.get("paligemma_variant"), action_expert_variant=c.get("action_expert_variant"))
+    variants = {k: v if v is not None else c.get(k) for k, v in variants.items()}  # given > config.json
     cfg = infer_config(ckpt.shapes, **variants, **model_kw)
     pol_kw = {"normalization": s.normalization, "delta_action_dims": s.delta_action_dims,
               "discrete_state_input": s.discrete_state_input, **s.extra,
@@ -667,7 +669,7 @@ def save_openpi_pytorch(policy: Any, directory: str | Path, dtype: str | None = 
     specs = {names[k]: (torch_dtype, tuple(t.shape)) for k, t in state.items()}
     specs[O_EXPERT_HEAD] = (torch_dtype, (cfg.vocab_size, cfg.action_expert.width))
     directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt", O_EMBED: O_LM_HEAD}  # what safetensors' save_model records for the dropped tie
+    metadata = {O_EMBED: O_LM_HEAD}  # what safetensors' save_model records for the dropped tie (and nothing else)
     with checkpoint_io.SafetensorsWriter(directory / "model.safetensors", specs, metadata=metadata) as writer:
         for k, t in state.items():
             writer.write(names[k], t.detach().to(torch_dtype))

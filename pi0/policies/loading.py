@@ -54,3 +54,27 @@ def load_policy(directory: str | Path, device: str = "cpu", **overrides: Any) ->
     from pi0.policies.pi0 import PI0Policy
 
     return PI0Policy.from_pretrained(directory, device=device, **overrides)
+
+
+def check_checkpoint(directory: str | Path, what: str = "checkpoint", **options: Any) -> str:
+    """Check that ``directory`` loads as a pi0 / pi0.5 policy, reading headers and small files only -> a one-line
+    description; a UserError naming what is wrong otherwise. ``options``: the foreign-layout ones (FOREIGN_OPTIONS)."""
+    from pi0.conversion.openpi_pytorch import find_tokenizer, is_our_policy_dir, plan_foreign
+    from pi0.errors import require_path
+
+    options = {k: v for k, v in options.items() if v not in (None, "")}
+    require_path(directory, what, "give a policy directory (ours, openpi-PyTorch, RLinf or LeRobot)", True)
+    if is_our_policy_dir(directory):
+        for f in ("model.safetensors", "config.json", "norm_stats.json", "tokenizer.model"):
+            require_path(Path(directory) / f, f"{what}: {f}", "a policy directory holds model.safetensors, config.json, "
+                         "norm_stats.json and tokenizer.model (convert weights with convert_pi0_to_hf_lerobot.py)")
+        if options:
+            raise UserError(f"{what}: {sorted(options)} apply only to openpi-PyTorch / RLinf / LeRobot directories")
+        return f"{directory}: our policy directory"
+    try:
+        fp = plan_foreign(directory, options.get("norm_stats"), options.get("openpi_config"),
+                          options.get("delta_action_dims"))
+        find_tokenizer(Path(directory), options.get("tokenizer"))
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from e
+    return f"{directory}: {fp.ckpt.layout} layout, {fp.ckpt.model_type}"
