@@ -350,3 +350,27 @@ def test_rl_config_checks_foreign_checkpoints(tmp_path):
     cfg = load_config("debug_train_pi0", [f"task.checkpoint={PT / 'pi05_bf16'}", f"task.tokenizer={TOK}",
                                           "task.openpi_config=pi05_libero"])
     assert cfg.task.openpi_config == "pi05_libero"
+
+
+def test_shapes_through_the_key_map_match_openpi_files_and_full_size():
+    """openpi's JAX tree through our two key maps gives openpi's PyTorch keys and shapes: equal to the fixture's file
+    (tiny) and, at full size (the shared shapes file), a tree whose inferred config is openpi's default pi0 / pi0.5."""
+    from pi0.conversion.openpi_pytorch import infer_config, plan_load
+    from pi0.conversion.zero_checkpoint import openpi_param_shapes, openpi_pytorch_shapes
+    from pi0.models.config import Pi0Config
+    from pi0.models.pi0 import PI0Model
+    from pi0.utils.checkpoint_io import read_safetensors_header
+
+    for name, pi05 in (("pi0_f32", False), ("pi05_bf16", True)):
+        header = {k: e.shape for k, e in read_safetensors_header(PT / name / "model.safetensors").items()}
+        assert openpi_pytorch_shapes(Pi0Config.tiny(pi05=pi05)) == header, name
+    for model, pi05 in (("pi0", False), ("pi05", True)):
+        full = json.loads((GOLDEN / f"openpi_{model}_full_shapes.json").read_text())["shapes"]
+        cfg = Pi0Config(pi05=pi05)
+        assert openpi_param_shapes(cfg) == {k: tuple(v) for k, v in full.items()}
+        shapes = openpi_pytorch_shapes(cfg)
+        assert shapes[P + "paligemma.lm_head.weight"] == (257_152, 2048)
+        assert infer_config(shapes, action_horizon=50) == cfg  # heads from the unique gemma_2b / gemma_300m sizes
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in PI0Model(cfg).state_dict().items()}
+        assert len(plan_load(shapes, expected)) == len(expected)

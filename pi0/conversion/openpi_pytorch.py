@@ -172,24 +172,27 @@ def _shape(shapes: Shapes, key: str) -> tuple[int, ...]:
     return tuple(shapes[key])
 
 
-def gemma_config_of(shapes: Shapes, prefix: str, variant: str | None, what: str) -> GemmaConfig:
-    """A Gemma's sizes from its tensors under ``prefix``; heads from ``variant`` or the unique known variant."""
+def gemma_config_of(shapes: Shapes, prefix: str, variant: str | GemmaConfig | None, what: str) -> GemmaConfig:
+    """A Gemma's sizes from its tensors under ``prefix``; heads from ``variant`` (a name or a GemmaConfig, checked
+    against the tensors) or the unique known variant of those sizes."""
     lay = prefix + "layers.0."
     q, k = _shape(shapes, lay + "self_attn.q_proj.weight"), _shape(shapes, lay + "self_attn.k_proj.weight")
     width, depth, mlp = q[1], _depth(shapes, prefix + "layers."), _shape(shapes, lay + "mlp.gate_proj.weight")[0]
     seen = (width, depth, mlp, q[0], k[0])  # q rows = heads * head_dim, k rows = kv_heads * head_dim
 
-    def sizes(v: tuple) -> tuple:
-        return v[0], v[1], v[2], v[3] * v[5], v[4] * v[5]
+    def sizes(g: GemmaConfig) -> tuple:
+        return g.width, g.depth, g.mlp_dim, g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
 
-    if variant:
+    if isinstance(variant, str) and variant != "custom":
         if variant not in GEMMA_VARIANTS:
             raise UserError(f"{what} variant {variant!r} is not one of {sorted(GEMMA_VARIANTS)}")
-        if sizes(GEMMA_VARIANTS[variant]) != seen:
-            raise UserError(f"{what} variant {variant!r} does not match the tensors under {prefix}: width, depth, mlp, "
-                            f"q rows, kv rows {seen} vs {sizes(GEMMA_VARIANTS[variant])}")
-        return GemmaConfig.from_variant(variant)
-    hits = [name for name, v in GEMMA_VARIANTS.items() if sizes(v) == seen]
+        variant = GemmaConfig.from_variant(variant)
+    if isinstance(variant, GemmaConfig):
+        if sizes(variant) != seen:
+            raise UserError(f"{what} variant {variant.variant!r} does not match the tensors under {prefix}: width, "
+                            f"depth, mlp, q rows, kv rows {seen} vs {sizes(variant)}")
+        return variant
+    hits = [name for name in GEMMA_VARIANTS if sizes(GemmaConfig.from_variant(name)) == seen]
     if len(hits) != 1:
         raise UserError(f"cannot tell {what}'s attention heads from its tensors (width, depth, mlp, q rows, kv rows "
                         f"{seen}); name its variant (paligemma_variant / action_expert_variant)")
@@ -217,10 +220,13 @@ def is_pi05(shapes: Shapes) -> bool:
 
 def infer_config(shapes: Shapes, paligemma_variant: str | None = None, action_expert_variant: str | None = None,
                  **fields: Any) -> Pi0Config:
-    """Pi0Config from openpi-PyTorch shapes (canonical names); ``fields`` set the rest (horizon, token budget, dtype)."""
+    """Pi0Config from openpi-PyTorch shapes (canonical names); ``fields`` set the rest (horizon, token budget, dtype;
+    ``paligemma`` / ``action_expert`` GemmaConfigs for sizes no variant name has, checked against the tensors)."""
     vocab = _shape(shapes, O_EMBED if O_EMBED in shapes else O_LM_HEAD)[0]
-    return Pi0Config(paligemma=gemma_config_of(shapes, O_VLM, paligemma_variant, "the VLM"),
-                     action_expert=gemma_config_of(shapes, O_EXPERT, action_expert_variant, "the action expert"),
+    paligemma = gemma_config_of(shapes, O_VLM, fields.pop("paligemma", None) or paligemma_variant, "the VLM")
+    expert = gemma_config_of(shapes, O_EXPERT, fields.pop("action_expert", None) or action_expert_variant,
+                             "the action expert")
+    return Pi0Config(paligemma=paligemma, action_expert=expert,
                      vision=siglip_config_of(shapes), vocab_size=vocab,
                      action_dim=_shape(shapes, "action_in_proj.weight")[1], pi05=is_pi05(shapes), **fields)
 
@@ -293,6 +299,8 @@ def detect(directory: str | Path) -> Checkpoint:
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingPathError(f"checkpoint directory {directory} does not exist")
+    if is_our_policy_dir(directory):
+        raise UserError(f"{directory} is already our policy directory: load it with load_policy, nothing to convert")
     config = _read_json(directory / "config.json") if (directory / "config.json").is_file() else {}
     files = _weight_files(directory)
     lerobot_type = config.get("type")
@@ -553,8 +561,6 @@ def plan_foreign(directory: str | Path, norm_stats: str | Path | None = None, op
                         f"{sorted(model_fields)}")
     model_kw = {"action_horizon": s.action_horizon, "max_token_len": s.max_token_len,
                 **{k: v for k, v in overrides.items() if k in model_fields}}
-    if ckpt.layout.startswith("lerobot") and "dtype" not in model_kw:
-        model_kw["dtype"] = "float32"
     c = ckpt.config
     variants = {k: v if v is not None else c.get(k) for k, v in variants.items()}  # given > config.json
     cfg = infer_config(ckpt.shapes, **variants, **model_kw)
