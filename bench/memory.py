@@ -6,7 +6,7 @@
     python bench/memory.py --code /path/to/other/checkout    # the same steps on another version of `pi0`
     python bench/memory.py --stored_dtype float32 --steps write convert   # openpi tree stored in float32
     python bench/memory.py --model pi05 --steps write convert load   # full-size pi0.5 (3.35 B params)
-    python bench/memory.py --source openpi-pytorch --steps write convert load   # from openpi's PyTorch format
+    python bench/memory.py --source openpi-pytorch --steps write convert load load_direct   # openpi's PyTorch format
 
 Writes openpi's params tree as zeros (orbax: a few hundred KB on disk; ``--source openpi-pytorch``: openpi's PyTorch
 ``model.safetensors`` as a sparse file of zeros), converts it with the real converter (``--from openpi-pytorch``), loads it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds
@@ -89,6 +89,12 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str
 
         convert_foreign(ckpt, out, "openpi-pytorch", dtype=dtype, openpi_config="pi05_libero" if pi05 else "pi0_libero",
                         paligemma=cfg.paligemma, action_expert=cfg.action_expert)  # (ci: custom sizes, no name)
+    elif name == "load_direct":  # openpi-pytorch: load_policy on openpi's directory itself, bf16, no conversion
+        from pi0.policies import load_policy
+
+        load_policy(ckpt, dtype="bfloat16", tokenizer=tiny_tokenizer().model_path,
+                    openpi_config="pi05_libero" if pi05 else "pi0_libero",
+                    paligemma=cfg.paligemma, action_expert=cfg.action_expert)
     elif name == "write":
         from pi0.conversion.zero_checkpoint import openpi_param_shapes, write_zero_checkpoint
 
