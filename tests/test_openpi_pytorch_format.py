@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def script(name: str):
     """A top-level script of the repository as a module (its ``main``)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name.replace(".py", "").lstrip("0123456789_"), REPO / name)
+    spec = importlib.util.spec_from_file_location(Path(name).stem.lstrip("0123456789_"), REPO / name)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # (dataclasses look their module up)
     spec.loader.exec_module(mod)
@@ -125,7 +126,8 @@ def test_bf16_file_in_float32_gives_openpi_pytorch_actions(model):
     d = need_fixture(PT / f"{model}_bf16")
     policy = load_policy(d, **kw(model))
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
-    err = np.abs(actions(policy, model, 10, 2) - np.load(d / "openpi_pytorch_actions.npy")).max()
+    # the first sample (the batch's two are independent; the float32 test runs both)
+    err = np.abs(actions(policy, model, 10, 1) - np.load(d / "openpi_pytorch_actions.npy")[:1]).max()
     assert err < TOL, err
 
 
@@ -321,19 +323,22 @@ def test_save_openpi_pytorch_matches_openpi_files(tmp_path, name):
 
 
 # ---------------------------------------------------------------------------------------------- stage 1
-def test_stage1_names_what_it_found_and_expected(tmp_path, capsys):
-    stage1 = script("1_e2e_inference.py")
+@pytest.mark.parametrize("name", ["1_e2e_inference.py", "scripts/serve_policy.py"])
+def test_stage1_and_server_name_what_they_found_and_expected(tmp_path, capsys, name):
+    main = script(name).main
     (tmp_path / "weights.bin").write_bytes(b"0")
     with pytest.raises(SystemExit) as e:
-        run_cli(stage1.main, ["--checkpoint", str(tmp_path)])
+        run_cli(main, ["--checkpoint", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err, err
     assert "found weights.bin" in err and "expected our policy directory" in err and "LeRobot pi0/pi05" in err
+    if name.startswith("scripts"):
+        return
     d = tmp_path / "other"
     d.mkdir()
     save_file({"encoder.weight": torch.zeros(2)}, str(d / "model.safetensors"))
     with pytest.raises(SystemExit):
-        run_cli(stage1.main, ["--checkpoint", str(d)])
+        run_cli(main, ["--checkpoint", str(d)])
     err = capsys.readouterr().err.strip()
     assert "found model.safetensors with keys under ['encoder.'] and no config.json; expected" in err, err
 
