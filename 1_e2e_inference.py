@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     if cfg.model not in TINY_MODELS:
         raise UserError(f"--model must be one of {list(TINY_MODELS)}, got {cfg.model!r}")
     if cfg.checkpoint:
-        require_path(cfg.checkpoint, "checkpoint", "give a policy directory (ours, openpi-PyTorch, RLinf or LeRobot)",
-                     True)
+        require_path(cfg.checkpoint, "checkpoint", "give a policy directory: ours (convert_pi0_to_hf_lerobot.py), "
+                     "openpi-PyTorch, RLinf or LeRobot", True)
         if model_type_of(cfg.checkpoint) == "pi0fast":  # no Euler steps
             overrides.pop("num_steps")
         policy = load_policy(cfg.checkpoint, device=cfg.device, tokenizer=cfg.tokenizer, norm_stats=cfg.norm_stats,

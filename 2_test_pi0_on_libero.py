@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     tasks = [t for t, _, _ in check_tasks(ev.suite, ev.task_ids, ev.num_trials)]  # fail fast, before loading
     if cfg.checkpoint:
-        require_path(cfg.checkpoint, "checkpoint", "give a policy directory (ours, openpi-PyTorch, RLinf or LeRobot)",
-                     True)
+        require_path(cfg.checkpoint, "checkpoint", "give a policy directory: ours (convert_pi0_to_hf_lerobot.py), "
+                     "openpi-PyTorch, RLinf or LeRobot", True)
         model_type_of(cfg.checkpoint)  # an unreadable layout stops here, before any env starts
     if world > 1:  # each rank evaluates every world-th task
         ev.task_ids, ev.out_dir = tasks[rank::world], f"{ev.out_dir}/rank{rank}"

@@ -9,8 +9,9 @@
     python bench/memory.py --source openpi-pytorch --steps write convert load load_direct   # openpi's PyTorch format
 
 Writes openpi's params tree as zeros (orbax: a few hundred KB on disk; ``--source openpi-pytorch``: openpi's PyTorch
-``model.safetensors`` as a sparse file of zeros), converts it with the real converter (``--from openpi-pytorch``), loads it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds
-``random_init`` of the bf16 config. Each step runs in its own process and reports its peak RSS (VmHWM of
+``model.safetensors`` as a sparse file of zeros), converts it with the real converter (``--from`` there), loads
+it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds ``random_init`` of the bf16
+config. Each step runs in its own process and reports its peak RSS (VmHWM of
 its own address space) and the RSS right after imports; a watchdog kills a step above ``--limit_gb``.
 Printed next to the checkpoint size: peak, peak minus import baseline, and the goals' ratios.
 """

@@ -74,7 +74,8 @@ def one_line_error(match: str, fn, *args, **kwargs) -> str:
 def test_key_map_hand_checked():
     vlm_q = "layers.3.self_attn.q_proj.weight"
     # openpi's PaliGemma (HF >= 4.52 nesting) -> ours (paligemma.language_model.model / vision_tower / projector)
-    assert openpi_to_ours(P + "paligemma.model.language_model." + vlm_q) == P + "paligemma.language_model.model." + vlm_q
+    assert openpi_to_ours(P + "paligemma.model.language_model." + vlm_q) == \
+        P + "paligemma.language_model.model." + vlm_q
     assert openpi_to_ours(P + "paligemma.model.vision_tower.vision_model.post_layernorm.bias") == \
         P + "paligemma.vision_tower.vision_model.post_layernorm.bias"
     assert openpi_to_ours(P + "paligemma.model.multi_modal_projector.linear.weight") == \
@@ -136,7 +137,8 @@ def test_settings_inferred_from_tensors_and_presets():
     c = pi0.config
     assert (c.model.paligemma.variant, c.model.vision.variant, c.model.vocab_size) == ("dummy", "mu/14", 1024)
     # pi0: z-score; the LIBERO asset id gives 6 delta dims, as the JAX path decides
-    assert (c.normalization, c.delta_action_dims, c.model.action_horizon, c.model.max_token_len) == ("zscore", 6, 50, 48)
+    assert (c.normalization, c.delta_action_dims, c.model.action_horizon, c.model.max_token_len) == \
+        ("zscore", 6, 50, 48)
     pi05 = load_policy(PT / "pi05_bf16", tokenizer=TOK, openpi_config="pi05_libero")
     c = pi05.config
     assert (c.normalization, c.delta_action_dims, c.discrete_state_input, c.model.action_horizon) == \
@@ -179,7 +181,8 @@ QP = P + "paligemma.model.language_model.layers.1.self_attn.q_proj.weight"
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda t: t.__setitem__(QP.replace("q_proj", "query"), t.pop(QP)), "unexpected key '" + QP.replace("q_proj", "query")),
+    (lambda t: t.__setitem__(QP.replace("q_proj", "query"), t.pop(QP)),
+     "unexpected key '" + QP.replace("q_proj", "query")),
     (lambda t: t.pop("action_out_proj.bias"), "missing key 'action_out_proj.bias'"),
     (lambda t: t.pop(P + "paligemma.lm_head.weight"), "missing key 'paligemma_with_expert.paligemma.lm_head.weight'"),
     (lambda t: t.__setitem__("value_head.out.weight", torch.zeros(1, 64)), "unexpected key 'value_head.out.weight'"),
@@ -257,8 +260,8 @@ def _lerobot_dir(tmp_path, model: str, legacy: bool = False):
                          (P + "paligemma.model.vision_tower.", P + "paligemma.vision_tower."),
                          (P + "paligemma.model.multi_modal_projector.", P + "paligemma.multi_modal_projector.")):
             tensors = {k.replace("model." + old, "model." + new): v for k, v in tensors.items()}
-        for buf, feat, key in (("normalize_inputs", "observation_state", "state"),
-                               ("normalize_targets", "action", "actions"), ("unnormalize_outputs", "action", "actions")):
+        for buf, feat, key in (("normalize_inputs", "observation_state", "state"), ("normalize_targets", "action",
+                               "actions"), ("unnormalize_outputs", "action", "actions")):
             for stat in ("mean", "std"):
                 tensors[f"{buf}.buffer_{feat}.{stat}"] = torch.tensor(ns[key][stat], dtype=torch.float32)
     else:

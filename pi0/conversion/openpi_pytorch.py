@@ -87,7 +87,8 @@ def canonical_key(key: str, layout: str) -> str:
         return key
     if layout in ("lerobot", "lerobot-legacy"):
         if not key.startswith("model."):
-            raise UserError(f"unexpected key {key!r} in a LeRobot pi0 model.safetensors (its weights are under 'model.')")
+            raise UserError(f"unexpected key {key!r} in a LeRobot pi0 model.safetensors (its weights are under "
+                            f"'model.')")
         key = key.removeprefix("model.")
         if layout == "lerobot-legacy":
             for old, new in LEGACY_RENAMES:
@@ -368,7 +369,7 @@ class FoundStats:
 
 
 def _lerobot_stats(files: list[Path], prefix: str) -> dict[str, np.ndarray]:
-    """Flat ``<feature>.<stat>`` tensors of LeRobot's (un)normalizer processor files whose keys start with ``prefix``."""
+    """Flat ``<feature>.<stat>`` arrays (D,) of LeRobot's (un)normalizer processor files, keys under ``prefix``."""
     from safetensors.numpy import load_file
 
     out: dict[str, np.ndarray] = {}

@@ -63,11 +63,12 @@ def check_checkpoint(directory: str | Path, what: str = "checkpoint", **options:
     from pi0.errors import require_path
 
     options = {k: v for k, v in options.items() if v not in (None, "")}
-    require_path(directory, what, "give a policy directory (ours, openpi-PyTorch, RLinf or LeRobot)", True)
+    require_path(directory, what, "give a policy directory: ours (convert_pi0_to_hf_lerobot.py), openpi-PyTorch, RLinf "
+                 "or LeRobot", True)
     if is_our_policy_dir(directory):
         for f in ("model.safetensors", "config.json", "norm_stats.json", "tokenizer.model"):
-            require_path(Path(directory) / f, f"{what}: {f}", "a policy directory holds model.safetensors, config.json, "
-                         "norm_stats.json and tokenizer.model (convert weights with convert_pi0_to_hf_lerobot.py)")
+            require_path(Path(directory) / f, f"{what}: {f}", "a policy directory holds model.safetensors, "
+                         "config.json, norm_stats.json and tokenizer.model (convert_pi0_to_hf_lerobot.py writes them)")
         if options:
             raise UserError(f"{what}: {sorted(options)} apply only to openpi-PyTorch / RLinf / LeRobot directories")
         return f"{directory}: our policy directory"

@@ -239,7 +239,7 @@ def _pread_into(fd: int, buf: torch.Tensor, entry: TensorEntry, path: Path, name
 
 
 def read_tensor(path: Path, entry: TensorEntry, name: str = "tensor") -> torch.Tensor:
-    """One tensor of a safetensors file (from its header ``entry``), read into a fresh CPU tensor of its stored dtype."""
+    """One tensor of a safetensors file (its header ``entry``) -> a fresh CPU tensor in its stored dtype."""
     buf = torch.empty(entry.shape, dtype=entry.dtype)
     fd = os.open(path, os.O_RDONLY)
     try:
