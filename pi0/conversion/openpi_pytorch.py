@@ -474,6 +474,8 @@ def _lerobot_settings(ckpt: Checkpoint, found: FoundStats) -> Settings:
              "n_action_steps": min(int(c.get("n_action_steps", horizon)), horizon)}
     # as in LeRobot's pi05 processor: the normalized state is discretized into the prompt (256 bins);
     # its pi0 appends "\n" to the task as openpi's tokenizer does. No delta actions in either.
+    # LeRobot's normalizer computes (x - mean) / (std + 1e-8) and 2 (x - q01) / (q99 - q01) - 1 (eps only for equal
+    # quantiles); ours is openpi's (eps 1e-6 in both): a relative difference of about 1e-6 / std.
     return Settings(horizon, int(c.get("tokenizer_max_length", 200 if kind == "pi05" else 48)), LEROBOT_MODES[modes[0]],
                     0, kind == "pi05", extra)
 
