@@ -379,6 +379,9 @@ def test_shapes_through_the_key_map_match_openpi_files_and_full_size():
         shapes = openpi_pytorch_shapes(cfg)
         assert shapes[P + "paligemma.lm_head.weight"] == (257_152, 2048)
         assert infer_config(shapes, action_horizon=50) == cfg  # heads from the unique gemma_2b / gemma_300m sizes
+        assert infer_config(shapes, "gemma_2b_lora", "gemma_300m_lora") == cfg  # openpi's LoRA variant names
+        with pytest.raises(UserError, match="VLM variant 'gemma_300m' does not match the tensors"):
+            infer_config(shapes, "gemma_300m")
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in PI0Model(cfg).state_dict().items()}
         assert len(plan_load(shapes, expected)) == len(expected)

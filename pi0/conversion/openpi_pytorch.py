@@ -185,6 +185,7 @@ def gemma_config_of(shapes: Shapes, prefix: str, variant: str | GemmaConfig | No
         return g.width, g.depth, g.mlp_dim, g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
 
     if isinstance(variant, str) and variant != "custom":
+        variant = variant.removesuffix("_lora")  # as in openpi gemma.py get_config: *_lora = the same sizes + LoRA
         if variant not in GEMMA_VARIANTS:
             raise UserError(f"{what} variant {variant!r} is not one of {sorted(GEMMA_VARIANTS)}")
         variant = GemmaConfig.from_variant(variant)
