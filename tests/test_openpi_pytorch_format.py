@@ -144,6 +144,9 @@ def test_settings_inferred_from_tensors_and_presets():
     assert (c.normalization, c.delta_action_dims, c.discrete_state_input, c.model.action_horizon) == \
         ("quantile", 0, False, 10)
     one_line_error("--openpi_config NAME, one of pi05_libero, pi05_droid", load_policy, PT / "pi05_bf16", tokenizer=TOK)
+    c = load_policy(PT / "pi05_bf16", tokenizer=TOK, delta_action_dims=0, discrete_state_input=True).config
+    assert (c.normalization, c.delta_action_dims, c.discrete_state_input, c.model.max_token_len) == \
+        ("quantile", 0, True, 200)
     one_line_error("pass --tokenizer PATH", load_policy, PT / "pi0_bf16")
 
 

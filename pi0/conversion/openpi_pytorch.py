@@ -482,10 +482,11 @@ def _lerobot_settings(ckpt: Checkpoint, found: FoundStats) -> Settings:
 
 
 def resolve_settings(ckpt: Checkpoint, found: FoundStats, openpi_config: str | None = None,
-                     delta_action_dims: int | None = None, horizon_given: bool = False) -> Settings:
+                     delta_action_dims: int | None = None, given: frozenset[str] = frozenset()) -> Settings:
     """Horizon, token budget, normalization, delta dims and prompt format: from ``openpi_config`` (a preset), else
-    LeRobot's config.json, else openpi's defaults for the tensors' model type (pi0: z-score; delta dims from the
-    asset id); a pi0.5 in openpi's format needs the preset (its tree cannot say them)."""
+    LeRobot's config.json, else openpi's defaults for the tensors' model type (pi0: z-score, delta dims from the
+    asset id; pi0.5: quantile, 200 tokens). A pi0.5 in openpi's format needs the preset, or delta dims and the prompt
+    format given explicitly (``given``: the option names the caller sets), as its files cannot say them."""
     from pi0.conversion.pi0 import resolve_delta_action_dims
 
     model_type = ckpt.model_type
@@ -493,7 +494,7 @@ def resolve_settings(ckpt: Checkpoint, found: FoundStats, openpi_config: str | N
         p = get_openpi_config(openpi_config, model_type)
         horizon = p.action_horizon
         stated = ckpt.config.get("action_horizon")
-        if stated is not None and int(stated) != horizon and not horizon_given:
+        if stated is not None and int(stated) != horizon and "action_horizon" not in given:
             log.warning("%s: config.json says action_horizon %s, --openpi_config %s says %d; using %d (as openpi "
                         "serving does: the train config decides)", ckpt.directory, stated, openpi_config, horizon,
                         horizon)
@@ -504,16 +505,20 @@ def resolve_settings(ckpt: Checkpoint, found: FoundStats, openpi_config: str | N
         if delta_action_dims is not None:
             s.delta_action_dims = delta_action_dims
         return s
+    horizon = int(ckpt.config.get("action_horizon", 50))
     if model_type == "pi05":
+        if delta_action_dims is not None and "discrete_state_input" in given:
+            # as in openpi pi0_config.py: pi0.5 defaults to max_token_len 200; training/config.py: quantile norm
+            return Settings(horizon, 200, "quantile", delta_action_dims, False)
         raise UserError(f"{ckpt.directory} holds a pi0.5 (time_mlp_in / adaRMS tensors), whose files do not say its "
                         f"normalization, delta dims or prompt format; pass --openpi_config NAME, one of "
-                        f"{', '.join(names_for('pi05'))}")
+                        f"{', '.join(names_for('pi05'))} (or delta_action_dims and discrete_state_input)")
     if found.asset_path is None and delta_action_dims is None:
         raise UserError(f"norm stats from {found.source} carry no asset id; pass --delta_action_dims N (0 = absolute "
                         f"actions) or --openpi_config NAME")
     delta = (delta_action_dims if found.asset_path is None
              else resolve_delta_action_dims(found.asset_path, delta_action_dims))
-    return Settings(int(ckpt.config.get("action_horizon", 50)), 48, "zscore", delta, False)
+    return Settings(horizon, 48, "zscore", delta, False)
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -556,7 +561,7 @@ def plan_foreign(directory: str | Path, norm_stats: str | Path | None = None, op
     if ckpt.layout not in layouts:
         raise UserError(f"{ckpt.directory} is in {ckpt.layout} layout, not {' / '.join(layouts)}")
     found = find_norm_stats(ckpt, norm_stats)
-    s = resolve_settings(ckpt, found, openpi_config, delta_action_dims, "action_horizon" in overrides)
+    s = resolve_settings(ckpt, found, openpi_config, delta_action_dims, frozenset(overrides))
     model_fields = {f.name for f in dataclasses.fields(Pi0Config)}
     policy_fields = {f.name for f in dataclasses.fields(PolicyConfig)} - {"model"}
     bad = sorted(set(overrides) - model_fields - policy_fields)
