@@ -5,6 +5,7 @@ offline-built tokenizer (no download); with --checkpoint it runs converted real 
 
     python 1_e2e_inference.py                                   # tiny embedded default (what `make run` runs)
     python 1_e2e_inference.py --checkpoint ckpts/pi0_libero --dtype bfloat16 --device cuda
+    python 1_e2e_inference.py --checkpoint <openpi-PyTorch / RLinf / LeRobot dir> --tokenizer paligemma_tokenizer.model
     python 1_e2e_inference.py --model pi0fast                   # tiny pi0-FAST (autoregressive FAST tokens)
     python 1_e2e_inference.py --model pi05                      # tiny pi0.5 (adaRMS time conditioning)
     torchrun --nproc_per_node 2 1_e2e_inference.py              # each rank runs its own batch (smoke test)
@@ -32,7 +33,11 @@ TINY_MODELS = ("pi0", "pi05", "pi0fast")
 class Config:
     """Stage 1 options."""
 
-    checkpoint: str | None = None  # any policy directory (pi0, pi0.5, pi0-FAST); None = tiny embedded default
+    checkpoint: str | None = None  # any policy directory (pi0, pi0.5, pi0-FAST; ours, openpi-PyTorch, RLinf, LeRobot)
+    # None = tiny embedded default
+    tokenizer: str | None = None  # openpi-PyTorch / RLinf / LeRobot directories: PaliGemma's sentencepiece model
+    norm_stats: str | None = None  # ... their norm_stats.json when the directory has none
+    openpi_config: str | None = None  # ... the openpi TrainConfig preset (pi0.5 needs one; e.g. pi05_libero)
     model: str = "pi0"  # tiny default to build without --checkpoint: "pi0", "pi05" or "pi0fast"
     device: str = "cpu"
     dtype: str | None = None  # "float32" | "bfloat16"; None = as saved
@@ -52,10 +57,12 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     if cfg.model not in TINY_MODELS:
         raise UserError(f"--model must be one of {list(TINY_MODELS)}, got {cfg.model!r}")
     if cfg.checkpoint:
-        require_path(cfg.checkpoint, "checkpoint", "give a directory written by convert_pi0_to_hf_lerobot.py", True)
+        require_path(cfg.checkpoint, "checkpoint", "give a policy directory: ours (convert_pi0_to_hf_lerobot.py), "
+                     "openpi-PyTorch, RLinf or LeRobot", True)
         if model_type_of(cfg.checkpoint) == "pi0fast":  # no Euler steps
             overrides.pop("num_steps")
-        policy = load_policy(cfg.checkpoint, device=cfg.device, **overrides)
+        policy = load_policy(cfg.checkpoint, device=cfg.device, tokenizer=cfg.tokenizer, norm_stats=cfg.norm_stats,
+                             openpi_config=cfg.openpi_config, **overrides)
     elif cfg.model == "pi0fast":
         policy = tiny_fast_policy(seed=cfg.seed).to(cfg.device)
     else:

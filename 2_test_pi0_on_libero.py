@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from pi0.evaluation.libero_eval import EvalConfig, check_tasks, evaluate_libero  # noqa: E402
 from pi0.errors import require_path, run_cli  # noqa: E402
 from pi0.models.init import round_params_  # noqa: E402
-from pi0.policies import load_policy  # noqa: E402
+from pi0.policies import load_policy, model_type_of  # noqa: E402
 from pi0.policies.presets import tiny_policy  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
@@ -35,7 +35,10 @@ from pi0.utils.cli import parse_config  # noqa: E402
 class Config(EvalConfig):
     """Stage 2 options: the policy, plus every pi0.evaluation.libero_eval.EvalConfig field (suite, task_ids, num_trials, ...)."""
 
-    checkpoint: str = ""  # PI0Policy directory; "" = tiny embedded default
+    checkpoint: str = ""  # policy directory (ours, openpi-PyTorch, RLinf, LeRobot); "" = tiny embedded default
+    tokenizer: str = ""  # openpi-PyTorch / RLinf / LeRobot directories: PaliGemma's sentencepiece model
+    norm_stats: str = ""  # ... their norm_stats.json when the directory has none
+    openpi_config: str = ""  # ... the openpi TrainConfig preset (pi0.5 needs one; e.g. pi05_libero)
     device: str = "cpu"
     dtype: str = ""  # "" = as saved; "float32" | "bfloat16"
     openpi_bf16_params: bool = False  # round the weights to bf16 as unmodified openpi serving does
@@ -48,7 +51,9 @@ def main(argv: list[str] | None = None) -> dict:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     tasks = [t for t, _, _ in check_tasks(ev.suite, ev.task_ids, ev.num_trials)]  # fail fast, before loading
     if cfg.checkpoint:
-        require_path(cfg.checkpoint, "checkpoint", "give a directory written by convert_pi0_to_hf_lerobot.py", True)
+        require_path(cfg.checkpoint, "checkpoint", "give a policy directory: ours (convert_pi0_to_hf_lerobot.py), "
+                     "openpi-PyTorch, RLinf or LeRobot", True)
+        model_type_of(cfg.checkpoint)  # an unreadable layout stops here, before any env starts
     if world > 1:  # each rank evaluates every world-th task
         ev.task_ids, ev.out_dir = tasks[rank::world], f"{ev.out_dir}/rank{rank}"
         if not ev.task_ids:
@@ -57,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.checkpoint:  # pi0 or pi0-FAST (dispatch on config.json's model_type)
         if cfg.openpi_bf16_params:
             overrides["openpi_bf16_params"] = True
-        policy = load_policy(cfg.checkpoint, device=cfg.device, **overrides)
+        policy = load_policy(cfg.checkpoint, device=cfg.device, tokenizer=cfg.tokenizer or None,
+                             norm_stats=cfg.norm_stats or None, openpi_config=cfg.openpi_config or None, **overrides)
     else:
         policy = tiny_policy().to(cfg.device)
         if cfg.openpi_bf16_params:

@@ -11,6 +11,17 @@ from parameter shapes; flags may override it.
         --output_path ckpts/pi0_fast_libero --openpi_config pi0_fast_libero --tokenizer paligemma_tokenizer.model \
         --fast_tokenizer <local copy of physical-intelligence/fast>
 
+From a PyTorch checkpoint (openpi's PyTorch format, RLinf's layout, LeRobot's pi0 / pi05), one tensor at a time:
+
+    python convert_pi0_to_hf_lerobot.py --from openpi-pytorch --checkpoint_dir <openpi pytorch dir> \
+        --output_path ckpts/pi0_libero --openpi_config pi0_libero --tokenizer paligemma_tokenizer.model
+    python convert_pi0_to_hf_lerobot.py --from rlinf --checkpoint_dir <RLinf-Pi05-... dir> \
+        --output_path ckpts/pi05_rlinf --openpi_config pi05_libero --tokenizer paligemma_tokenizer.model
+    python convert_pi0_to_hf_lerobot.py --from lerobot --checkpoint_dir <lerobot pi0 dir> --output_path ckpts/pi0_lr
+
+Norm stats are searched in a stated order (``pi0.conversion.openpi_pytorch.NORM_STATS_ORDER``) unless
+``--norm_stats`` names them. Such a directory also loads directly: ``load_policy(dir, tokenizer=...)``.
+
 A pi0-FAST tree is detected from its parameter names. ``--openpi_config NAME`` (pi0_libero, pi0_fast_libero,
 pi0_droid, pi0_fast_droid) sets what the tree cannot say: horizon, token budget, normalization, delta dims.
 Writes model.safetensors + config.json + norm_stats.json + tokenizer.model (+ fast_tokenizer/); load it with
@@ -23,15 +34,21 @@ import argparse
 import logging
 import time
 
+from pi0.conversion.openpi_pytorch import convert_foreign
 from pi0.conversion.pi0 import convert_checkpoint
 from pi0.conversion.pi0fast import maybe_convert_pi0fast
-from pi0.errors import run_cli
+from pi0.errors import UserError, run_cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """CLI config."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint_dir", required=True, help="openpi <ckpt>/params (orbax)")
+    p.add_argument("--checkpoint_dir", required=True,
+                   help="openpi <ckpt>/params (orbax), or with --from a PyTorch checkpoint directory")
+    p.add_argument("--from", dest="source", default="openpi-jax",
+                   choices=["openpi-jax", "openpi-pytorch", "rlinf", "lerobot"],
+                   help="layout of --checkpoint_dir (default openpi-jax: orbax params); the PyTorch layouts are "
+                        "checked against the files")
     p.add_argument("--output_path", required=True, help="output PI0Policy directory")
     p.add_argument("--norm_stats", default=None, help="norm_stats.json (default: <ckpt>/assets/*/norm_stats.json)")
     p.add_argument("--tokenizer", default=None, help="PaliGemma sentencepiece model (local path)")
@@ -62,6 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k in ("paligemma_variant", "action_expert_variant", "vision_variant",
                                                    "action_horizon", "max_token_len") if (v := getattr(args, k)) is not None}
     t0 = time.perf_counter()
+    if args.source != "openpi-jax":
+        if args.fast_tokenizer:
+            raise UserError("--fast_tokenizer is for openpi JAX pi0-FAST checkpoints; --from reads pi0 / pi0.5 only")
+        out = convert_foreign(args.checkpoint_dir, args.output_path, args.source, norm_stats=args.norm_stats,
+                              tokenizer=args.tokenizer, dtype=args.dtype, openpi_config=args.openpi_config,
+                              delta_action_dims=args.delta_action_dims,
+                              **{k: v for k, v in overrides.items() if k != "vision_variant"})
+        print(f"wrote {out} in {time.perf_counter() - t0:.1f}s")
+        return
     out = maybe_convert_pi0fast(  # a pi0-FAST tree is detected from the checkpoint metadata and converted here
         args.checkpoint_dir, args.output_path, args.norm_stats, args.tokenizer, args.fast_tokenizer, args.dtype,
         args.delta_action_dims, args.openpi_config,

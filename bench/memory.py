@@ -6,10 +6,12 @@
     python bench/memory.py --code /path/to/other/checkout    # the same steps on another version of `pi0`
     python bench/memory.py --stored_dtype float32 --steps write convert   # openpi tree stored in float32
     python bench/memory.py --model pi05 --steps write convert load   # full-size pi0.5 (3.35 B params)
+    python bench/memory.py --source openpi-pytorch --steps write convert load load_direct   # openpi's PyTorch format
 
-Writes openpi's params tree as zeros (orbax: a few hundred KB on disk), converts it with the real
-converter, loads it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds
-``random_init`` of the bf16 config. Each step runs in its own process and reports its peak RSS (VmHWM of
+Writes openpi's params tree as zeros (orbax: a few hundred KB on disk; ``--source openpi-pytorch``: openpi's PyTorch
+``model.safetensors`` as a sparse file of zeros), converts it with the real converter (``--from`` there), loads
+it with ``PI0Policy.from_pretrained``, runs one bf16 ``sample_actions`` on CPU, and builds ``random_init`` of the bf16
+config. Each step runs in its own process and reports its peak RSS (VmHWM of
 its own address space) and the RSS right after imports; a watchdog kills a step above ``--limit_gb``.
 Printed next to the checkpoint size: peak, peak minus import baseline, and the goals' ratios.
 """
@@ -54,7 +56,8 @@ def ci_config(pi05: bool = False):
 
 
 # ---------------------------------------------------------------------------------------------- steps (child side)
-def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str = "pi0") -> dict:
+def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str = "pi0",
+         source: str = "openpi-jax") -> dict:
     """Run one step in this (fresh) process; returns its measurements."""
     import torch
 
@@ -75,8 +78,25 @@ def step(name: str, work: Path, dtype: str, config: str, stored: str, model: str
     cfg = (Pi0Config(pi05=True, action_horizon=10, max_token_len=200) if pi05 else Pi0Config()) if config == "full" \
         else ci_config(pi05)  # pi0.5: pi05_libero's horizon and token budget (the weights are the same)
     ckpt, out = work / f"openpi_ckpt_{stored}", work / f"converted_{dtype}"
+    if source == "openpi-pytorch":
+        ckpt = work / f"openpi_pytorch_{stored}"
     base, t0, info = vm_status("VmRSS"), time.perf_counter(), {}
-    if name == "write":
+    if name == "write" and source == "openpi-pytorch":
+        from pi0.conversion.zero_checkpoint import write_zero_openpi_pytorch
+
+        write_zero_openpi_pytorch(cfg, ckpt, dtype=stored)
+    elif name == "convert" and source == "openpi-pytorch":
+        from pi0.conversion.openpi_pytorch import convert_foreign
+
+        convert_foreign(ckpt, out, "openpi-pytorch", dtype=dtype, openpi_config="pi05_libero" if pi05 else "pi0_libero",
+                        paligemma=cfg.paligemma, action_expert=cfg.action_expert)  # (ci: custom sizes, no name)
+    elif name == "load_direct":  # openpi-pytorch: load_policy on openpi's directory itself, bf16, no conversion
+        from pi0.policies import load_policy
+
+        load_policy(ckpt, dtype="bfloat16", tokenizer=tiny_tokenizer().model_path,
+                    openpi_config="pi05_libero" if pi05 else "pi0_libero",
+                    paligemma=cfg.paligemma, action_expert=cfg.action_expert)
+    elif name == "write":
         from pi0.conversion.zero_checkpoint import openpi_param_shapes, write_zero_checkpoint
 
         write_zero_checkpoint(openpi_param_shapes(cfg), ckpt, dtype=stored)
@@ -114,7 +134,7 @@ def run_step(name: str, args: argparse.Namespace, dtype: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([args.code if name != "write" else str(REPO),
                                                       os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--_step", name, "--work", str(args.work), "--config", args.config,
-           "--dtypes", dtype, "--stored_dtype", args.stored_dtype, "--model", args.model]
+           "--dtypes", dtype, "--stored_dtype", args.stored_dtype, "--model", args.model, "--source", args.source]
     r = run_watched(cmd, args.limit_gb * GIB, env=env)
     if r.killed:
         return {"step": name, "dtype": dtype, "killed": True, "peak_rss": r.polled_rss, "seconds": r.seconds}
@@ -129,6 +149,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="full", choices=["full", "ci"])
     p.add_argument("--model", default="pi0", choices=["pi0", "pi05"])
+    p.add_argument("--source", default="openpi-jax", choices=["openpi-jax", "openpi-pytorch"],
+                   help="the zero checkpoint's format: openpi's orbax params or openpi's PyTorch model.safetensors")
     p.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
     p.add_argument("--steps", nargs="+", default=["write", "convert", "load", "sample", "random_init"])
     p.add_argument("--stored_dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -141,7 +163,8 @@ def main() -> None:
     p.add_argument("--_step", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._step:
-        print(json.dumps(step(args._step, args.work, args.dtypes[0], args.config, args.stored_dtype, args.model)))
+        print(json.dumps(step(args._step, args.work, args.dtypes[0], args.config, args.stored_dtype, args.model,
+                              args.source)))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []

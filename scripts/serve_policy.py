@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pi0.errors import run_cli
 from pi0.policies import load_policy
 from pi0.policies.presets import tiny_policy
 from pi0.serving.websocket_server import DEFAULT_MAX_FRAME_BYTES, LiberoServingPolicy, PolicyServer
@@ -32,7 +33,11 @@ from pi0.utils.cli import parse_config
 class Config:
     """Server options."""
 
-    checkpoint: str | None = None  # policy directory (pi0 or pi0-FAST); None = tiny embedded pi0 (random weights)
+    checkpoint: str | None = None  # policy directory (pi0, pi0.5, pi0-FAST; ours, openpi-PyTorch, RLinf, LeRobot)
+    # None = tiny embedded pi0 (random weights)
+    tokenizer: str | None = None  # openpi-PyTorch / RLinf / LeRobot directories: PaliGemma's sentencepiece model
+    norm_stats: str | None = None  # ... their norm_stats.json when the directory has none
+    openpi_config: str | None = None  # ... the openpi TrainConfig preset (pi0.5 needs one; e.g. pi05_libero)
     host: str = "0.0.0.0"  # as openpi's server: all interfaces; use 127.0.0.1 to serve this machine only
     port: int = 8000
     device: str = "cpu"
@@ -54,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.openpi_bf16_params:
         overrides["openpi_bf16_params"] = True
     if cfg.checkpoint:
-        policy = load_policy(cfg.checkpoint, device=cfg.device, **overrides)
+        policy = load_policy(cfg.checkpoint, device=cfg.device, tokenizer=cfg.tokenizer, norm_stats=cfg.norm_stats,
+                             openpi_config=cfg.openpi_config, **overrides)
     else:
         policy = tiny_policy(seed=cfg.seed, dtype=cfg.dtype or "float32").to(cfg.device)
     server = PolicyServer(LiberoServingPolicy(policy, name=cfg.checkpoint or "pi0-tiny-random"),
@@ -66,4 +72,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -17,12 +17,14 @@ GIB = 2**30
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["pi0", "pi05"])
-def test_peak_memory_of_convert_load_and_random_init(tmp_path, model):
+@pytest.mark.parametrize("model, source", [("pi0", "openpi-jax"), ("pi05", "openpi-jax"), ("pi0", "openpi-pytorch")])
+def test_peak_memory_of_convert_load_and_random_init(tmp_path, model, source):
+    """openpi-pytorch: the zero checkpoint is openpi's PyTorch model.safetensors, converted with --from."""
     out = tmp_path / "memory.json"
-    steps = ["write", "convert", "load"] + (["random_init"] if model == "pi0" else [])
+    steps = ["write", "convert", "load"] + (["random_init"] if model == "pi0" and source == "openpi-jax" else [])
     r = subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--config", "ci", "--work", str(tmp_path),
-                        "--model", model, "--steps", *steps, "--limit_gb", "4", "--json", str(out)],
+                        "--model", model, "--source", source, "--steps", *steps, "--limit_gb", "4",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["step"]: row for row in json.loads(out.read_text())}

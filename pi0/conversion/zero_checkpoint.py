@@ -1,4 +1,5 @@
-"""Zero-valued openpi pi0 checkpoints of any size: structure and memory tests without real weights.
+"""Zero-valued openpi pi0 checkpoints of any size (JAX orbax, or openpi's PyTorch format): structure and memory
+tests without real weights.
 
 ``openpi_param_shapes`` lists the leaves of openpi's pi0 params tree for a ``Pi0Config`` (names as
 ``nnx.state`` flattens them with "/"); ``write_zero_checkpoint`` writes them as an orbax PyTree under a
@@ -95,3 +96,43 @@ def write_zero_checkpoint(shapes: Shapes, ckpt_dir: Path, dtype: str = "bfloat16
     assets.mkdir(parents=True, exist_ok=True)
     (assets / "norm_stats.json").write_text(json.dumps({"norm_stats": stats}))
     return params
+
+
+def openpi_pytorch_shapes(cfg: Pi0Config) -> Shapes:
+    """openpi-PyTorch key -> shape for ``cfg``: openpi's JAX tree (``openpi_param_shapes``) through the JAX key map
+    (``pi0.conversion.pi0.plan_conversion``) and ``ours_to_openpi``, plus the action expert's unused ``lm_head``."""
+    from pi0.conversion.openpi_pytorch import O_EXPERT_HEAD, ours_to_openpi
+    from pi0.conversion.pi0 import plan_conversion
+
+    view = {k: np.broadcast_to(np.zeros((), np.float32), s) for k, s in openpi_param_shapes(cfg).items()}
+    out = {ours_to_openpi(t): shape for outs in plan_conversion(view, cfg).values() for t, shape in outs}
+    out[O_EXPERT_HEAD] = (cfg.vocab_size, cfg.action_expert.width)
+    return dict(sorted(out.items()))
+
+
+def write_zero_openpi_pytorch(cfg: Pi0Config, ckpt_dir: Path, dtype: str = "bfloat16", state_dim: int = 8,
+                              action_dim: int = 7, asset_id: str = "physical-intelligence/libero") -> Path:
+    """Write ``cfg``'s openpi-PyTorch checkpoint as zeros: ``model.safetensors`` (a sparse file: the header, then
+    nothing written, so a full-size model takes a few KB of disk and no memory), openpi's ``config.json`` and
+    ``assets/<asset_id>/norm_stats.json``."""
+    import torch
+
+    from pi0.conversion.openpi_pytorch import O_EMBED, O_LM_HEAD
+    from pi0.utils.checkpoint_io import SafetensorsWriter
+
+    ckpt_dir = Path(ckpt_dir)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    (ckpt_dir / "assets" / asset_id).mkdir(parents=True)
+    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    shapes = openpi_pytorch_shapes(cfg)
+    with SafetensorsWriter(ckpt_dir / "model.safetensors", {k: (tdtype, s) for k, s in shapes.items()},
+                           metadata={O_EMBED: O_LM_HEAD}) as w:
+        for k in shapes:
+            w.write_zeros(k)
+    (ckpt_dir / "config.json").write_text(json.dumps({
+        "action_dim": cfg.action_dim, "action_horizon": cfg.action_horizon, "paligemma_variant": cfg.paligemma.variant,
+        "action_expert_variant": cfg.action_expert.variant, "precision": dtype}, indent=2))
+    stats = {k: {"mean": [0.0] * n, "std": [1.0] * n, "q01": [-1.0] * n, "q99": [1.0] * n}
+             for k, n in (("state", state_dim), ("actions", action_dim))}
+    (ckpt_dir / "assets" / asset_id / "norm_stats.json").write_text(json.dumps({"norm_stats": stats}))
+    return ckpt_dir

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pi0.errors import UserError
 from pi0.models.config import CAMERA_KEYS, Pi0Config, config_from_dict
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.init import check_init_mode, scratch_init_
@@ -165,6 +167,39 @@ class PI0Policy(PretrainedPolicy, PolicyIO, nn.Module):
         return self._queue.popleft()
 
     # ------------------------------------------------------------------ persistence
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
+                        openpi_bf16_params: bool = False, **overrides: Any) -> "PI0Policy":
+        """Our directory (``PretrainedPolicy.from_pretrained``), or an openpi-PyTorch / RLinf / LeRobot one, told
+        apart by its files (``pi0.conversion.openpi_pytorch``); those also take ``norm_stats``, ``tokenizer``,
+        ``openpi_config`` and ``delta_action_dims``."""
+        from pi0.conversion.openpi_pytorch import is_our_policy_dir, load_foreign_policy
+
+        if is_our_policy_dir(directory):
+            foreign = sorted(k for k in ("norm_stats", "tokenizer", "openpi_config", "delta_action_dims")
+                             if overrides.get(k) is not None)
+            if foreign:
+                raise UserError(f"{foreign} apply only to openpi-PyTorch / RLinf / LeRobot directories; {directory} "
+                                f"is in our format (its config.json, norm_stats.json and tokenizer.model decide)")
+            overrides = {k: v for k, v in overrides.items()
+                         if k not in ("norm_stats", "tokenizer", "openpi_config", "delta_action_dims")}
+            return super().from_pretrained(directory, device=device, openpi_bf16_params=openpi_bf16_params,
+                                           **overrides)
+        return load_foreign_policy(directory, device=device, openpi_bf16_params=openpi_bf16_params, **overrides)
+
+    def save_pretrained(self, directory: str | Path, dtype: str | None = None,
+                        state: dict[str, torch.Tensor] | None = None, format: str = "ours",
+                        asset_id: str = "physical-intelligence/libero") -> Path:
+        """Our directory (``format="ours"``, see ``PretrainedPolicy.save_pretrained``) or openpi's PyTorch format
+        (``format="openpi-pytorch"``: openpi's keys, shapes and dtypes, norm stats in ``assets/<asset_id>/``)."""
+        if format == "openpi-pytorch":
+            from pi0.conversion.openpi_pytorch import save_openpi_pytorch
+
+            return save_openpi_pytorch(self, directory, dtype=dtype, state=state, asset_id=asset_id)
+        if format != "ours":
+            raise UserError(f"format must be 'ours' or 'openpi-pytorch', got {format!r}")
+        return super().save_pretrained(directory, dtype=dtype, state=state)
+
     @classmethod
     def random_init(cls, config: PolicyConfig, norm_stats: NormStats, tokenizer: PaligemmaTokenizer,
                     seed: int = 0, std: float = 0.02, init: str = "noisy") -> "PI0Policy":

@@ -144,6 +144,13 @@ class SafetensorsWriter:
         self._f.write(memoryview(buf))
         self._pending.discard(name)
 
+    def write_zeros(self, name: str) -> None:
+        """Mark a declared tensor as all zeros: its bytes already are (the file was created at full size), so
+        nothing is allocated or written."""
+        if name not in self._pending:
+            raise ValueError(f"tensor {name} was not declared or was written twice")
+        self._pending.discard(name)
+
     def close(self) -> None:
         """Finish: every declared tensor must have been written; then the file is moved into place."""
         self._f.close()
@@ -220,32 +227,57 @@ def check_safetensors_matches(model: nn.Module, path: Path, prefix: str = "") ->
     return entries
 
 
+def _pread_into(fd: int, buf: torch.Tensor, entry: TensorEntry, path: Path, name: str) -> None:
+    """Fill the contiguous CPU tensor ``buf`` with ``entry``'s bytes by positioned reads (no mmap)."""
+    view = buf.reshape(-1).view(torch.uint8).numpy()
+    done = 0
+    while done < view.size:  # preadv may return short reads for large tensors
+        n = os.preadv(fd, [memoryview(view[done:])], entry.start + done)
+        if n <= 0:
+            raise ValueError(f"{path} is truncated or corrupt (short read in {name}): re-convert it")
+        done += n
+
+
+def read_tensor(path: Path, entry: TensorEntry, name: str = "tensor") -> torch.Tensor:
+    """One tensor of a safetensors file (its header ``entry``) -> a fresh CPU tensor in its stored dtype."""
+    buf = torch.empty(entry.shape, dtype=entry.dtype)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _pread_into(fd, buf, entry, path, name)
+    finally:
+        os.close(fd)
+    return buf
+
+
 @torch.no_grad()
-def load_safetensors_into(model: nn.Module, path: Path, prefix: str = "") -> None:
-    """Fill every tensor of ``model`` (allocated, any device/dtype) from ``path`` one tensor at a time.
+def load_entries_into(model: nn.Module, sources: dict[str, tuple[Path, TensorEntry]]) -> None:
+    """Fill every tensor of ``model`` (allocated, any device/dtype) from {model key: (file, header entry)}, one tensor
+    at a time; each is cast on its own into the parameter's dtype.
 
     A tensor stored in the parameter's dtype on CPU is read straight into the parameter's memory; otherwise
     one tensor-sized CPU buffer is read and cast/copied (peak extra memory = the largest tensor).
     """
-    entries = check_safetensors_matches(model, path, prefix)
-    fd = os.open(path, os.O_RDONLY)
+    fds: dict[Path, int] = {}
     try:
         for k, t in model.state_dict().items():
-            e = entries[k]
+            path, e = sources[k]
+            if path not in fds:
+                fds[path] = os.open(path, os.O_RDONLY)
             direct = t.device.type == "cpu" and t.dtype == e.dtype and t.is_contiguous()
             buf = t if direct else torch.empty(e.shape, dtype=e.dtype)
-            view = buf.reshape(-1).view(torch.uint8).numpy()
-            done = 0
-            while done < view.size:  # preadv may return short reads for large tensors
-                n = os.preadv(fd, [memoryview(view[done:])], e.start + done)
-                if n <= 0:
-                    raise ValueError(f"{path} is truncated or corrupt (short read in {prefix}{k}): re-convert it")
-                done += n
+            _pread_into(fds[path], buf, e, path, k)
             if not direct:
                 t.copy_(buf)
                 del buf
     finally:
-        os.close(fd)
+        for fd in fds.values():
+            os.close(fd)
+
+
+def load_safetensors_into(model: nn.Module, path: Path, prefix: str = "") -> None:
+    """Fill every tensor of ``model`` from ``path`` (keys ``prefix`` + model key), strictly, one tensor at a time."""
+    entries = check_safetensors_matches(model, path, prefix)
+    load_entries_into(model, {k: (path, e) for k, e in entries.items()})
 
 
 @contextlib.contextmanager

@@ -41,7 +41,10 @@ class TaskConfig:
     suite: str = "libero_spatial"  # LIBERO suite (env=libero)
     task_ids: list[int] = field(default_factory=lambda: [4])
     checkpoint: str = ""  # PI0Policy directory; "" = tiny warm start on scripted demos (arena, MetaWorld; cached
-    # under runs/) / tiny random pi0 (LIBERO)
+    # under runs/) / tiny random pi0 (LIBERO); openpi-PyTorch, RLinf and LeRobot pi0 / pi0.5 directories load too:
+    tokenizer: str = ""  # for those: PaliGemma's sentencepiece model ("" = <checkpoint>/tokenizer.model)
+    norm_stats: str = ""  # for those: their norm_stats.json when the directory has none
+    openpi_config: str = ""  # for those: the openpi TrainConfig preset (a pi0.5 needs one, e.g. pi05_libero)
     train_states: int = 40  # training init states per task: 0..n-1
     eval_start: int = 40  # held-out init states eval_start..eval_start+eval_states-1
     eval_states: int = 10
@@ -251,11 +254,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_ranges(cfg)
     _check_tasks(cfg)
     if cfg.task.checkpoint:
-        require_path(cfg.task.checkpoint, "task.checkpoint",
-                     "give a directory written by PI0Policy.save_pretrained or convert_pi0_to_hf_lerobot.py", True)
-        for f in ("model.safetensors", "config.json", "norm_stats.json"):
-            require_path(Path(cfg.task.checkpoint) / f, f"task.checkpoint: {f}",
-                         "a policy directory holds model.safetensors, config.json and norm_stats.json")
+        from pi0.policies.loading import check_checkpoint
+
+        t = cfg.task
+        check_checkpoint(t.checkpoint, "task.checkpoint", tokenizer=t.tokenizer, norm_stats=t.norm_stats,
+                         openpi_config=t.openpi_config)
     return cfg
 
 

@@ -84,16 +84,22 @@ def check_checkpoint(cfg: TrainConfig) -> Check:
     ck = cfg.task.checkpoint
     if not ck:
         return Check("checkpoint", True, "none configured: the tiny warm start / tiny random pi0 is used")
-    missing = [f for f in ("model.safetensors", "config.json", "norm_stats.json", "tokenizer.model")
-               if not (Path(ck) / f).is_file()]
-    if missing:
-        return Check("checkpoint", False, f"{ck} lacks {', '.join(missing)}",
-                     "convert weights with convert_pi0_to_hf_lerobot.py (it writes all four files)")
+    from pi0.errors import UserError
+    from pi0.policies.loading import check_checkpoint
+
+    t = cfg.task
+    try:
+        what = check_checkpoint(ck, "task.checkpoint", tokenizer=t.tokenizer, norm_stats=t.norm_stats,
+                                openpi_config=t.openpi_config)
+    except UserError as err:
+        return Check("checkpoint", False, str(err), "convert weights with convert_pi0_to_hf_lerobot.py (it writes all "
+                     "four files) or pass what the message names")
     try:
         from pi0.policies.pi0 import PI0Policy
         t0 = time.perf_counter()
-        PI0Policy.from_pretrained(ck)
-        return Check("checkpoint", True, f"{ck} loads ({time.perf_counter() - t0:.1f}s)")
+        PI0Policy.from_pretrained(ck, tokenizer=t.tokenizer or None, norm_stats=t.norm_stats or None,
+                                  openpi_config=t.openpi_config or None)
+        return Check("checkpoint", True, f"{what} loads ({time.perf_counter() - t0:.1f}s)")
     except Exception as err:  # noqa: BLE001
         return Check("checkpoint", False, f"{ck}: {type(err).__name__}: {err}", "re-run the conversion")
 

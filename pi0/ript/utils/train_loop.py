@@ -52,7 +52,8 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
     (``task.warm_start_patience`` > 0) or for ``task.warm_start_steps``."""
     t = cfg.task
     if t.checkpoint:
-        return PI0Policy.from_pretrained(t.checkpoint, device=info.device)
+        return PI0Policy.from_pretrained(t.checkpoint, device=info.device, tokenizer=t.tokenizer or None,
+                                         norm_stats=t.norm_stats or None, openpi_config=t.openpi_config or None)
     if t.env == "libero":
         from pi0.policies.presets import tiny_policy
         return tiny_policy().to(info.device)
