@@ -126,6 +126,12 @@ def test_compiled_step_matches_eager(compile_prefix):
     ref = model.sample_actions(*inp, num_steps=10)
     torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)  # second call: no recompile drift
+    # Flow-SDE on the same compiled step (its times differ from the ODE's in the last float32 bit)
+    g = lambda: torch.Generator().manual_seed(2)  # noqa: E731
+    sde = fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=5, noise_level=0.5, generator=g())
+    ref_sde = model.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=5, noise_level=0.5, generator=g())
+    torch.testing.assert_close(sde["chain"], ref_sde["chain"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(sde["log_prob"], ref_sde["log_prob"], atol=ATOL, rtol=0)
 
 
 @pytest.mark.slow
