@@ -218,9 +218,11 @@ def main() -> None:
     if ops:
         base = ops["eager kv-cached"]["top"]
         kern = "kernels" in ops["eager kv-cached"]
-        print(f"\n{'path':<24}{'ops/call':>10}{'vs kv-cached':>14}{'incl. nested':>14}" + (f"{'kernels':>10}" if kern else ""))
+        head = f"\n{'path':<24}{'ops/call':>10}{'vs kv-cached':>14}{'incl. nested':>14}"
+        print(head + (f"{'kernels':>10}" if kern else ""))
         for name, o in ops.items():
-            print(f"{name:<24}{o['top']:10d}{o['top'] / base:13.2f}x{o['all']:14d}" + (f"{o['kernels']:10d}" if kern else ""))
+            row = f"{name:<24}{o['top']:10d}{o['top'] / base:13.2f}x{o['all']:14d}"
+            print(row + (f"{o['kernels']:10d}" if kern else ""))
         print("(ops/call: aten ops dispatched by one call, torch.profiler; incl. nested: with those composite ops "
               "dispatch inside)")
     for name, note in notes.items():
