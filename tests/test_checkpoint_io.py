@@ -106,3 +106,16 @@ def test_random_init_bf16_dtypes_and_seed():
     w = a.model.paligemma_with_expert.experts[0].layers[0].mlp.up_proj.weight
     assert w.dtype == torch.bfloat16 and 0.015 < w.float().std() < 0.025  # N(0, 0.02)
     assert not torch.equal(w.float(), c.model.paligemma_with_expert.experts[0].layers[0].mlp.up_proj.weight.float())
+
+
+def test_set_dtype_bf16_precision_openpi_rounds_and_high_keeps_float32_values():
+    """openpi's serving restores every parameter as bf16 ("openpi", the default); its training keeps float32 params
+    (RIPTTrainer's precision=bf16 uses "high")."""
+    want = dict(tiny_policy(seed=3).model.named_parameters())
+    for precision in ("openpi", "high"):
+        m = tiny_policy(seed=3).model.set_dtype("bfloat16", bf16_precision=precision)
+        assert m.cfg.bf16_precision == precision
+        w, p = want["action_in_proj.weight"].detach(), m.action_in_proj.weight
+        assert p.dtype == torch.float32
+        assert torch.equal(p, w.to(torch.bfloat16).float() if precision == "openpi" else w)
+        assert not torch.equal(w.to(torch.bfloat16).float(), w)  # the rounding is visible

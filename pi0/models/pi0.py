@@ -148,10 +148,11 @@ class PI0Model(nn.Module):
         return self.value_head(feats.detach().float())
 
     # ------------------------------------------------------------------ precision
-    def set_dtype(self, dtype: str) -> "PI0Model":
+    def set_dtype(self, dtype: str, bf16_precision: str | None = None) -> "PI0Model":
         """Switch to "float32" or "bfloat16" (openpi's mixed precision: bf16 weights and activations, float32 norms
-        and heads) and cast the parameters."""
-        self.cfg = dataclasses.replace(self.cfg, dtype=dtype)
+        and heads) and cast the parameters; ``bf16_precision`` ("openpi" | "high", default: keep ``cfg``'s) sets
+        whether the float32-stored parameters get bf16 values (``Pi0Config.bf16_precision``)."""
+        self.cfg = dataclasses.replace(self.cfg, dtype=dtype, bf16_precision=bf16_precision or self.cfg.bf16_precision)
         self.paligemma_with_expert.cfg = self.cfg
         return self.apply_precision()
 
