@@ -5,6 +5,7 @@
     python bench/sampling.py --config full --device cuda --dtype bfloat16 --batch 1 --cameras 2 --compile \
         --compile_prefix --attn sdpa                          # + compiled SigLIP/prefix, CUDA-graph rows
     python bench/sampling.py --config mid --profile           # per-stage latency table of one call (torch.profiler)
+    python bench/sampling.py --fast --count_ops --threads 1   # + FastSampler with/without fused layers, ops per call
 
 Every path runs in this process on the same random weights and inputs; prints ms per chunk, ratios against
 the eager paths, max |diff| against the eager KV-cached path, and a roofline: bytes of weights one call reads
@@ -67,6 +68,27 @@ def timeit(fns: dict[str, Callable[[], torch.Tensor]], device: str, iters: int
     return out
 
 
+def count_ops(fn: Callable[[], torch.Tensor], device: str) -> dict[str, int]:
+    """Operators one call launches (torch.profiler, after a warm-up call): "top" = aten ops dispatched from Python
+    (a composite op counts once), "all" = every aten op including those a composite op dispatches inside, and on
+    CUDA "kernels" = device kernels launched."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    fn()
+    sync(device)
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        sync(device)
+    events = prof.events()
+    aten = [e for e in events if e.name.startswith("aten::")]
+    top = [e for e in aten if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    out = {"top": len(top), "all": len(aten)}
+    if device.startswith("cuda"):
+        out["kernels"] = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return out
+
+
 def profile_table(sampler: FastSampler, inputs: tuple, device: str) -> None:
     """One profiled FastSampler call -> ms per stage (SigLIP, prefix, each denoise step) from torch.profiler."""
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -112,6 +134,10 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--compile", action="store_true", help="add FastSampler, compiled and (CUDA) graph-captured rows")
+    p.add_argument("--fast", action="store_true",
+                   help="add the FastSampler rows without torch.compile: fused layers (default) and fuse_layers=False")
+    p.add_argument("--count_ops", action="store_true",
+                   help="count the operators one call of each path launches (torch.profiler; see count_ops)")
     p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
     p.add_argument("--compile_prefix", action="store_true", help="compiled rows also compile SigLIP + prefix pass")
     p.add_argument("--skip_compile", action="store_true",
@@ -148,9 +174,12 @@ def main() -> None:
         paths["eager recompute"] = lambda: model.sample_actions_uncached(*inputs)
     paths["eager kv-cached"] = lambda: model.sample_actions(*inputs)
     notes: dict[str, str] = {}
-    if args.compile:
+    if args.compile or args.fast:
+        unfused = FastSampler(model, cuda_graph=False, fuse_layers=False)
+        paths["fast unfused layers"] = lambda: unfused(*inputs)
         fast = FastSampler(model, cuda_graph=False)
         paths["fast (no compile)"] = lambda: fast(*inputs)
+    if args.compile:
         opts = dict(compile=True, backend=args.backend, compile_prefix=args.compile_prefix)
         if not args.skip_compile:
             t0 = time.perf_counter()
@@ -173,6 +202,7 @@ def main() -> None:
         else:
             notes["cuda graph"] = "skipped (no CUDA device)"
 
+    ops = {name: count_ops(fn, dev) for name, fn in paths.items()} if args.count_ops else {}
     times = timeit(paths, dev, args.iters)
     ms = {name: statistics.median(w) for name, (w, _) in times.items()}
     cpu = {name: statistics.median(c) for name, (_, c) in times.items()}
@@ -185,6 +215,16 @@ def main() -> None:
         print(f"{name:<24}{t:10.1f}{vr}{base_c / t:13.2f}x{cpu[name]:10.1f}{cpu['eager kv-cached'] / cpu[name]:10.2f}x"
               f"{diffs[name]:11.1e}")
     print(f"(median of {args.iters}; ms/chunk is wall time, cpu ms the process CPU time of the call)")
+    if ops:
+        base = ops["eager kv-cached"]["top"]
+        kern = "kernels" in ops["eager kv-cached"]
+        head = f"\n{'path':<24}{'ops/call':>10}{'vs kv-cached':>14}{'incl. nested':>14}"
+        print(head + (f"{'kernels':>10}" if kern else ""))
+        for name, o in ops.items():
+            row = f"{name:<24}{o['top']:10d}{o['top'] / base:13.2f}x{o['all']:14d}"
+            print(row + (f"{o['kernels']:10d}" if kern else ""))
+        print("(ops/call: aten ops dispatched by one call, torch.profiler; incl. nested: with those composite ops "
+              "dispatch inside)")
     for name, note in notes.items():
         print(f"  {name}: {note}")
 
@@ -199,7 +239,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "pi05": args.pi05, "device": dev, "dtype": cfg.dtype, "batch": b, "cameras": args.cameras,
-                       "num_steps": args.num_steps, "iters": args.iters, "ms": ms, "max_abs_diff": diffs,
+                       "num_steps": args.num_steps, "iters": args.iters, "ms": ms, "max_abs_diff": diffs, "ops": ops,
                        "notes": notes, "weight_gb_per_call": parts["total"] / 1e9, "copy_gb_per_s": bw / 1e9,
                        "roofline_ms": floor, "best": best, "best_over_roofline": ms[best] / floor}, f, indent=2)
 

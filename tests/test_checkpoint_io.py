@@ -81,15 +81,22 @@ def test_load_into_casts_and_checks(tmp_path):
                                                 "extra": nn.Parameter(torch.zeros(1))}), path, prefix="m.")
 
 
-def test_from_pretrained_dtype_override_is_exact_cast(tmp_path):
+@pytest.mark.parametrize("precision", ["openpi", "high"])
+def test_from_pretrained_dtype_override_is_exact_cast(tmp_path, precision):
     pol = tiny_policy(seed=3)
     pol.save_pretrained(tmp_path / "p")
-    loaded = PI0Policy.from_pretrained(tmp_path / "p", dtype="bfloat16")
+    loaded = PI0Policy.from_pretrained(tmp_path / "p", dtype="bfloat16", bf16_precision=precision)
     assert json.loads((tmp_path / "p" / "config.json").read_text())["model"]["dtype"] == "float32"
     want = dict(pol.model.named_parameters())
+    rounded = 0
     for name, p in loaded.model.named_parameters():
         assert p.dtype == param_storage_dtype(name, "bfloat16"), name
-        assert torch.equal(p, want[name].detach().to(p.dtype)), name
+        w = want[name].detach()
+        if precision == "openpi":  # float32-stored parameters hold bf16 values, as openpi's serving restores them
+            w = w.to(torch.bfloat16)
+            rounded += p.dtype == torch.float32 and not torch.equal(p, want[name].detach())
+        assert torch.equal(p, w.to(p.dtype)), name
+    assert (rounded > 0) == (precision == "openpi")
 
 
 def test_random_init_bf16_dtypes_and_seed():
@@ -99,3 +106,16 @@ def test_random_init_bf16_dtypes_and_seed():
     w = a.model.paligemma_with_expert.experts[0].layers[0].mlp.up_proj.weight
     assert w.dtype == torch.bfloat16 and 0.015 < w.float().std() < 0.025  # N(0, 0.02)
     assert not torch.equal(w.float(), c.model.paligemma_with_expert.experts[0].layers[0].mlp.up_proj.weight.float())
+
+
+def test_set_dtype_bf16_precision_openpi_rounds_and_high_keeps_float32_values():
+    """openpi's serving restores every parameter as bf16 ("openpi", the default); its training keeps float32 params
+    (RIPTTrainer's precision=bf16 uses "high")."""
+    want = dict(tiny_policy(seed=3).model.named_parameters())
+    for precision in ("openpi", "high"):
+        m = tiny_policy(seed=3).model.set_dtype("bfloat16", bf16_precision=precision)
+        assert m.cfg.bf16_precision == precision
+        w, p = want["action_in_proj.weight"].detach(), m.action_in_proj.weight
+        assert p.dtype == torch.float32
+        assert torch.equal(p, w.to(torch.bfloat16).float() if precision == "openpi" else w)
+        assert not torch.equal(w.to(torch.bfloat16).float(), w)  # the rounding is visible

@@ -126,6 +126,12 @@ def test_compiled_step_matches_eager(compile_prefix):
     ref = model.sample_actions(*inp, num_steps=10)
     torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(fast(*inp, num_steps=10), ref, atol=ATOL, rtol=0)  # second call: no recompile drift
+    # Flow-SDE on the same compiled step (its times differ from the ODE's in the last float32 bit)
+    g = lambda: torch.Generator().manual_seed(2)  # noqa: E731
+    sde = fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=5, noise_level=0.5, generator=g())
+    ref_sde = model.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=5, noise_level=0.5, generator=g())
+    torch.testing.assert_close(sde["chain"], ref_sde["chain"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(sde["log_prob"], ref_sde["log_prob"], atol=ATOL, rtol=0)
 
 
 @pytest.mark.slow
@@ -176,6 +182,23 @@ def test_cuda_graph_matches_eager(compile):
         out = fast(*inp[:5], noise=noise, num_steps=10)
         assert fast.graph_error is None and len(fast._graphs) == 1
         torch.testing.assert_close(out, m.sample_actions(*inp[:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("pi05", [False, True])
+def test_cuda_graph_flow_sde_matches_eager(pi05):
+    m = _random_model("sdpa", pi05=pi05).cuda()
+    inp = [[t.cuda() for t in x] if isinstance(x, list) else x.cuda() for x in _inputs(m.cfg)]
+    fast = FastSampler(m, cuda_graph=True)
+    for seed in range(3):  # one graph per stochastic step, replayed with fresh noise and draws
+        g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+        out = fast.sample_actions_sde(*inp, num_steps=5, noise_level=0.5, sde_step=seed % 2, generator=g())
+        ref = m.sample_actions_sde(*inp, num_steps=5, noise_level=0.5, sde_step=seed % 2, generator=g())
+        assert fast.graph_error is None
+        torch.testing.assert_close(out["chain"], ref["chain"], atol=1e-4, rtol=0)
+        torch.testing.assert_close(out["log_prob"], ref["log_prob"], atol=1e-4, rtol=0)
+    assert len(fast._graphs) == 2
 
 
 def test_policy_option_and_deepcopy():

@@ -214,3 +214,29 @@ def test_value_baseline_recorded_value_head_and_update(pi05, tmp_path):
         RIPTTrainer(tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2,
                                                       num_steps=3), default_norm_stats(8, 7)),
                     runner, InitStateSampler({0: [0]}), RLConfig(objective="cfg", value_baseline=True))
+
+
+def test_ppo_collection_through_the_fast_sampler():
+    """Flow-SDE collection on FastSampler (PI0Model.sample_actions_sde routes through it): the recorded log-densities
+    equal the update's recomputation under the same weights (ratio 1), as with the eager sampler."""
+    from pi0.policies.pi0 import default_norm_stats
+    from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
+    from pi0.ript.init_states import InitStateSampler
+    from pi0.ript.trainer import RIPTTrainer, RLConfig
+    from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=3),
+                            default_norm_stats(8, 7))
+    sampler = pol.enable_fast_sampling()
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        cfg = RLConfig(objective="ppo", num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0,
+                       opt=OptimizerConfig(minibatch_size=64, lr=1e-3, epochs=1))
+        tr = RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), cfg)
+        tr.step()
+        assert pol.model.fast_sampler is sampler and sampler._buffers  # the collection ran on the fast path
+        a_ep, b_ep = tr.last_collection.groups[0].episodes
+        upd = tr.optimizer.step(tr.adapter.episode_windows(a_ep, 1.0) + tr.adapter.episode_windows(b_ep, -1.0))
+        assert upd["steps"] == 1 and abs(upd["ratio_mean"] - 1.0) < 1e-4 and upd["clip_frac"] == 0.0
+    finally:
+        runner.close()

@@ -36,6 +36,7 @@ SIGLIP_VARIANTS: dict[str, tuple[int, int, int, int]] = {
 
 PALIGEMMA_VOCAB_SIZE = 257_152
 DTYPES = ("float32", "bfloat16")
+BF16_PRECISIONS = ("openpi", "high")  # Pi0Config.bf16_precision
 CAMERA_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
 
@@ -152,6 +153,12 @@ class Pi0Config(DictConfig):
     max_token_len: int = 48
     num_cameras: int = 3
     dtype: str = "float32"
+    # What dtype="bfloat16" does to the parameters openpi's mixed precision keeps in float32 storage (norm scales,
+    # the action/time heads, SigLIP's patch and position embeddings): "openpi" rounds their values through bf16, as
+    # openpi's serving restores every parameter as bfloat16 (restore_params(dtype=bfloat16)) and then computes the
+    # heads in float32 on those bf16 values; "high" keeps their float32 values (a higher precision than openpi
+    # serves with, so the rounding differs from openpi's bf16 output: tests/test_pi05.py measures both).
+    bf16_precision: str = "openpi"
     # "sdpa": torch scaled_dot_product_attention (fused; 2x faster on CPU, same results to ~1e-6);
     # "eager": openpi's attention written out (float32 logits, BIG_NEG mask, float32 softmax).
     attn_implementation: str = "sdpa"
@@ -168,6 +175,8 @@ class Pi0Config(DictConfig):
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.bf16_precision not in BF16_PRECISIONS:
+            raise ValueError(f"bf16_precision must be one of {BF16_PRECISIONS}, got {self.bf16_precision!r}")
         if self.attn_implementation not in ("eager", "sdpa"):
             raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {self.attn_implementation!r}")
         a, b = self.paligemma, self.action_expert

@@ -172,8 +172,8 @@ class FastSampler:
         """Per-Euler-step time inputs of the step function at ``times`` (kept alive: CUDA graphs read them).
 
         Fused: c_i (W,) = W_t posemb(t_i) + b, then W_x; unfused: posemb(t_i) (B, Ha, W); pi0.5: the (1, W)
-        adaRMS condition (``fuse_layers``: :meth:`_pi05_step_consts` of it). Recomputed in place when the head weights change (their ``_version``), so training
-        updates are picked up.
+        adaRMS condition (``fuse_layers``: :meth:`_pi05_step_consts` of it). Recomputed in place when the head
+        weights change (their ``_version``; with fused layers, any weight), so training updates are picked up.
         """
         m = self.model
         if m.cfg.pi05:

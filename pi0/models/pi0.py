@@ -153,10 +153,11 @@ class PI0Model(nn.Module):
         return self.value_head(feats.detach().float())
 
     # ------------------------------------------------------------------ precision
-    def set_dtype(self, dtype: str) -> "PI0Model":
+    def set_dtype(self, dtype: str, bf16_precision: str | None = None) -> "PI0Model":
         """Switch to "float32" or "bfloat16" (openpi's mixed precision: bf16 weights and activations, float32 norms
-        and heads) and cast the parameters."""
-        self.cfg = dataclasses.replace(self.cfg, dtype=dtype)
+        and heads) and cast the parameters; ``bf16_precision`` ("openpi" | "high", default: keep ``cfg``'s) sets
+        whether the float32-stored parameters get bf16 values (``Pi0Config.bf16_precision``)."""
+        self.cfg = dataclasses.replace(self.cfg, dtype=dtype, bf16_precision=bf16_precision or self.cfg.bf16_precision)
         self.paligemma_with_expert.cfg = self.cfg
         return self.apply_precision()
 
@@ -168,11 +169,20 @@ class PI0Model(nn.Module):
         return self
 
     def apply_precision(self) -> "PI0Model":
-        """Cast parameters for ``cfg.dtype``: all float32, or bf16 except norms / patch / position embeddings."""
+        """Cast parameters for ``cfg.dtype``: all float32, or bf16 except norms / heads / patch / position embeddings,
+        which keep float32 storage and, with ``cfg.bf16_precision == "openpi"``, bf16-rounded values (idempotent:
+        also applied after loading a checkpoint)."""
         if self.cfg.dtype == "float32":
             return self.float()
+        round_kept = self.cfg.bf16_precision == "openpi"
         for name, p in self.named_parameters():
-            p.data = p.data.to(torch.float32 if _is_fp32_param(name) else torch.bfloat16)
+            keep = _is_fp32_param(name)
+            p.data = p.data.to(torch.float32 if keep else torch.bfloat16)
+            if keep and round_kept and p.device.type != "meta":
+                # as openpi serving: restore_params(dtype=bfloat16) rounds every parameter, and its float32 heads
+                # (nnx.Linear without a dtype promotes to float32) then compute on the bf16 values
+                with torch.no_grad():
+                    p.copy_(p.to(torch.bfloat16).to(torch.float32))
         return self
 
     @property

@@ -122,6 +122,8 @@ class PretrainedPolicy:
         policy = cls(config, norm_stats, tokenizer, model=model, **extras)  # validates before allocating
         model.to_empty(device=torch.device(device))
         checkpoint_io.load_safetensors_into(model, files["model.safetensors"], prefix="model.")
+        if callable(getattr(model, "apply_precision", None)):  # e.g. pi0's bf16_precision="openpi" rounding
+            model.apply_precision()
         if openpi_bf16_params:
             round_params_(model, torch.bfloat16)
         return policy.eval()

@@ -128,7 +128,9 @@ class RIPTTrainer:
             raise ValueError(f"algo.fsdp shards trainable=all; trainable={cfg.trainable!r} fits one GPU unsharded "
                              f"(README: training memory); set algo.fsdp=false")
         if cfg.precision == "bf16" and not cfg.fsdp and policy.config.model.dtype != "bfloat16":
-            policy.model.set_dtype("bfloat16")
+            # as openpi's training (float32 params, bf16 compute): the float32-stored norms and heads keep their
+            # float32 values ("high"); rounding them is openpi's serving restore, not its training
+            policy.model.set_dtype("bfloat16", bf16_precision="high")
         policy.model.set_trainable(cfg.trainable)  # before the update collects the trainable parameters
         policy.model.set_gradient_checkpointing(cfg.checkpointing)
         if cfg.fsdp:  # float32 shards (the masters); bf16 compute through FSDP2's mixed precision
