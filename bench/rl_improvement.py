@@ -102,7 +102,7 @@ class Config:
     num_envs: int = 0
     workers: int = 2  # MetaWorld: env worker processes (num_envs / workers envs in each)
     overlap: bool = False  # MetaWorld: one half of the env processes steps while the policy decides for the other
-    oversample: float = 1.25  # dynamic sampling: groups started per round / groups expected to be kept (RLConfig)
+    oversample: float = 1.0  # dynamic sampling: groups started per round / groups expected to be kept (RLConfig)
     fast_sampling: bool = True  # collect and evaluate through FastSampler (RLConfig.fast_sampling)
     threads: int = 1  # torch threads per process (1 is fastest on a loaded 2-core machine)
     out: str = "runs/bench_rl"

@@ -1,8 +1,9 @@
 r"""Bench: RL iterations per minute on the RL bench's settings, today's path against the fast one, in one process.
 
 Both paths run ``pi0.ript.trainer.RIPTTrainer`` (LOOP, 4 kept groups x 8 rollouts per iteration) from the same
-converged start (``bench/rl_improvement.py``'s cached start for ``--env/--task/--seed/--num_demos``), one after the
-other, each for ``--iterations`` timed iterations after ``--warmup`` untimed ones:
+converged start (``bench/rl_improvement.py``'s cached start for ``--env/--task/--seed/--num_demos``), their
+iterations interleaved (one of each in turn, so both see the same load), each for ``--iterations`` timed iterations
+after ``--warmup`` untimed ones:
 
 * ``baseline`` (today's path before this bench): eager ``PI0Model.sample_actions_sde``, sequential collection rounds
   (``algo.oversample=0``), the arena's 32 in-process envs / MetaWorld's ``--baseline_num_envs`` single-env workers;
@@ -53,9 +54,13 @@ class Config(rlb.Config):
 
     iterations: int = 20  # timed iterations per path
     warmup: int = 2  # untimed iterations per path first (caches, allocator, compile)
-    paths: str = "baseline,fast"  # which paths to run, in this order
+    paths: str = "baseline,fast"  # which paths to run, in this order ("fast:<x>": the fast path at oversample x)
     baseline_num_envs: int = 0  # today's runner: 0 = arena num_groups x group_size in process, MetaWorld 2 workers
     json_out: str = ""  # write the results here as JSON too
+    # after the iterations, each path's policy on the held-out states (deterministic sampler, the same noise seed
+    # for every path): the learning at equal iterations, not only the speed (0: skip)
+    final_eval: int = 0
+    device: str = "cpu"  # where the policy samples and trains (the envs stay on the host's cores)
 
 
 class CountingPolicy:
@@ -75,12 +80,14 @@ class CountingPolicy:
         return out
 
 
-def rl_config(cfg: Config, fast: bool) -> RLConfig:
-    """The RL arm's settings (as ``rl_improvement.run_arm``), on today's path or the fast one."""
+def rl_config(cfg: Config, fast: bool, oversample: float | None = None) -> RLConfig:
+    """The RL arm's settings (as ``rl_improvement.run_arm``), on today's path or the fast one (``oversample``:
+    instead of ``cfg.oversample``)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, value_baseline=cfg.value_baseline, num_groups=cfg.num_groups,
                     group_size=cfg.group_size, eval_every=0, seed=cfg.seed,
-                    oversample=cfg.oversample if fast else 0.0, fast_sampling=fast,
+                    oversample=(cfg.oversample if oversample is None else oversample) if fast else 0.0,
+                    fast_sampling=fast,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
                                         value_lr=cfg.value_lr))
 
@@ -91,51 +98,89 @@ def baseline_runner(cfg: Config, policy: PI0Policy):
     return rlb.env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=rlb.num_init_states(cfg))
 
 
-def run_path(cfg: Config, root: Path, path: str) -> dict[str, Any]:
-    """``warmup`` + ``iterations`` RL iterations on ``path`` from the start at ``root`` -> its figures."""
-    fast = path == "fast"
-    policy = PI0Policy.from_pretrained(root)
-    runner = rlb.make_runner(cfg, policy) if fast else baseline_runner(cfg, policy)
-    _, _, train_states = rlb.splits(cfg)
-    trainer = RIPTTrainer(policy, runner, InitStateSampler(train_states, seed=cfg.seed + 1), rl_config(cfg, fast))
-    counting = CountingPolicy(trainer.rollouts.policy)
-    trainer.rollouts.policy = counting
-    rows: list[dict[str, float]] = []
+class BenchPath:
+    """One path's trainer, runner and counters (built from the start at ``root``)."""
+
+    def __init__(self, cfg: Config, root: Path, name: str):
+        fast = name != "baseline"
+        oversample = float(name.split(":", 1)[1]) if ":" in name else None  # "fast:1.0": that oversample
+        self.cfg, self.name = cfg, name
+        policy = PI0Policy.from_pretrained(root, device=cfg.device)
+        self.runner = rlb.make_runner(cfg, policy) if fast else baseline_runner(cfg, policy)
+        _, _, train_states = rlb.splits(cfg)
+        self.trainer = RIPTTrainer(policy, self.runner, InitStateSampler(train_states, seed=cfg.seed + 1),
+                                   rl_config(cfg, fast, oversample))
+        self.counting = CountingPolicy(self.trainer.rollouts.policy)
+        self.trainer.rollouts.policy = self.counting
+        self.rows: list[dict[str, float]] = []
+
+    def step(self, timed: bool) -> None:
+        """One RL iteration (recorded when ``timed``)."""
+        c, cfg = self.counting, self.cfg
+        calls0, rows0, pol0 = c.calls, c.rows, c.seconds
+        t0 = time.perf_counter()
+        st = self.trainer.step()
+        wall = time.perf_counter() - t0
+        if not timed:
+            return
+        col = self.trainer.last_collection
+        self.rows.append({"wall": wall, "rollout": st["time/rollout_s"], "update": st["time/update_s"],
+                          "episodes": st["rollout/groups"] * cfg.group_size, "groups": st["rollout/groups"],
+                          "kept": float(len(col.groups)), "windows": st["train/windows"],
+                          "calls": float(c.calls - calls0), "decisions": float(c.rows - rows0),
+                          "policy_s": c.seconds - pol0, "success": st["rollout/success_rate"]})
+        print(f"[{self.name}] iteration {len(self.rows)}/{cfg.iterations}: {wall:.2f} s (collect "
+              f"{st['time/rollout_s']:.2f}, update {st['time/update_s']:.2f}), {int(st['rollout/groups'])} groups "
+              f"used, {len(col.groups)} kept, {int(self.rows[-1]['calls'])} policy calls", flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        """Means over the timed iterations."""
+        rows, n = self.rows, len(self.rows)
+        s = {k: float(np.sum([r[k] for r in rows])) for k in rows[0]}
+        return {"path": self.name, "iterations": n, "iter_s": s["wall"] / n, "collect_s": s["rollout"] / n,
+                "update_s": s["update"] / n, "episodes_per_min": 60 * s["episodes"] / s["wall"],
+                "decisions_per_s": s["decisions"] / s["rollout"], "policy_calls_per_iter": s["calls"] / n,
+                "policy_s_per_iter": s["policy_s"] / n, "windows_per_s": s["windows"] / s["update"],
+                "groups_per_iter": s["groups"] / n, "kept_per_iter": s["kept"] / n,
+                "rollout_success": s["success"] / n, "per_iteration": rows}
+
+
+def run_paths(cfg: Config, root: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The paths' iterations interleaved (one of each in turn), so that both see the same machine load."""
+    paths = [BenchPath(cfg, root, n) for n in names]
     try:
         for i in range(cfg.warmup + cfg.iterations):
-            calls0, rows0, pol0 = counting.calls, counting.rows, counting.seconds
-            t0 = time.perf_counter()
-            st = trainer.step()
-            wall = time.perf_counter() - t0
-            if i < cfg.warmup:
-                continue
-            rows.append({"wall": wall, "rollout": st["time/rollout_s"], "update": st["time/update_s"],
-                         "episodes": st["rollout/groups"] * cfg.group_size, "groups": st["rollout/groups"],
-                         "kept": float(len(trainer.last_collection.groups)), "windows": st["train/windows"],
-                         "calls": float(counting.calls - calls0), "decisions": float(counting.rows - rows0),
-                         "policy_s": counting.seconds - pol0, "success": st["rollout/success_rate"]})
-            print(f"[{path}] iteration {i - cfg.warmup + 1}/{cfg.iterations}: {wall:.2f} s (collect "
-                  f"{st['time/rollout_s']:.2f}, update {st['time/update_s']:.2f}), {int(st['rollout/groups'])} groups "
-                  f"rolled, {len(trainer.last_collection.groups)} kept, {int(rows[-1]['calls'])} policy calls",
-                  flush=True)
+            for p in paths:
+                p.step(timed=i >= cfg.warmup)
+        out = {p.name: p.summary() for p in paths}
+        if cfg.final_eval:
+            _, held, _ = rlb.splits(cfg)
+            held = [(t, i) for t, i in held if i < cfg.eval_start + cfg.final_eval]
+            for p in paths:
+                rate = rlb.evaluate(p.runner, p.trainer.policy, held, seed=cfg.seed + 100)
+                out[p.name]["held_out"] = {"success": rate, "se": rlb.se(rate, len(held)), "states": len(held)}
+                print(f"[{p.name}] held-out success after {cfg.iterations + cfg.warmup} iterations: {rate:.3f} "
+                      f"+- {rlb.se(rate, len(held)):.3f} ({len(held)} states)", flush=True)
     finally:
-        runner.close()
-    s = {k: float(np.sum([r[k] for r in rows])) for k in rows[0]}
-    n = len(rows)
-    return {"path": path, "iterations": n, "iter_s": s["wall"] / n, "collect_s": s["rollout"] / n,
-            "update_s": s["update"] / n, "episodes_per_min": 60 * s["episodes"] / s["wall"],
-            "decisions_per_s": s["decisions"] / s["rollout"], "policy_calls_per_iter": s["calls"] / n,
-            "policy_s_per_iter": s["policy_s"] / n, "windows_per_s": s["windows"] / s["update"],
-            "groups_per_iter": s["groups"] / n, "kept_per_iter": s["kept"] / n,
-            "rollout_success": s["success"] / n, "per_iteration": rows}
+        for p in paths:
+            p.runner.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the paths and print the table and the summary line."""
     cfg = parse_config(Config, list(sys.argv[1:] if argv is None else argv), __doc__)
     paths = [p for p in cfg.paths.split(",") if p]
-    if not paths or any(p not in ("baseline", "fast") for p in paths):
-        raise SystemExit(f"error: --paths takes baseline and/or fast (comma-separated), got {cfg.paths!r}")
+    bad = [p for p in paths if p != "baseline" and p.split(":")[0] != "fast"]
+    if not paths or bad or len(set(paths)) != len(paths):
+        raise SystemExit(f"error: --paths takes baseline, fast and fast:<oversample> once each (comma-separated), "
+                         f"got {cfg.paths!r}")
+    for p in paths:
+        if ":" in p:
+            try:
+                float(p.split(":", 1)[1])
+            except ValueError:
+                raise SystemExit(f"error: --paths: {p!r} needs a number after 'fast:'") from None
     if cfg.iterations < 1 or cfg.warmup < 0:
         raise SystemExit("error: --iterations must be >= 1 and --warmup >= 0")
     torch.set_num_threads(cfg.threads)
@@ -144,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _, _, root, rec = rlb.start(cfg)
     print(f"start: {cfg.num_demos} demos, {rec['steps']} SFT steps, validation plateau {rec['plateau']:.3f} ({root})",
           flush=True)
-    results = {p: run_path(cfg, root, p) for p in paths}
+    results = run_paths(cfg, root, paths)
     cols = ("iter_s", "collect_s", "update_s", "episodes_per_min", "decisions_per_s", "windows_per_s",
             "policy_calls_per_iter", "groups_per_iter", "rollout_success")
     print("| path | " + " | ".join(cols) + " |")
@@ -158,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cfg.json_out:
         Path(cfg.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json_out).write_text(json.dumps(out, indent=1))
-    new = results.get("fast") or results[paths[-1]]
+    new = results.get("fast") or results[[p for p in paths if p != "baseline"][-1] if len(paths) > 1 else paths[0]]
     base = results.get("baseline")
     base_s = base["iter_s"] if base else float("nan")
     print(f"env={cfg.env} iter_s={new['iter_s']:.3f} baseline_iter_s={base_s:.3f} ratio={base_s / new['iter_s']:.2f} "

@@ -127,3 +127,14 @@ def test_oversampled_collection_keeps_the_groups_sequential_rounds_keep(history)
 def test_oversample_is_validated():
     with pytest.raises(ValueError, match="oversample"):
         RolloutGenerator(None, None, InitStateSampler({0: [0]}), oversample=-1.0)
+
+
+def test_task_affinity_where_a_task_switch_rebuilds_the_simulator():
+    """MetaWorld switches tasks by rebuilding its sim (about 1 s against 40 ms for a same-task reset), so the runner
+    gives an episode to a worker whose env has its task; the arena switches in place, so it does not."""
+    cfg = RunnerConfig(num_envs=1, use_subprocess=False)
+    with RolloutRunner(make_env_spec("metaworld", resolution=32), None, cfg) as mw:
+        info = mw.vec_env.env_ready_info(0)
+        assert info["supports_task_switch"] and not info["cheap_task_switch"] and mw.task_affinity
+    with RolloutRunner(make_env_spec("arena", resolution=32), None, cfg) as arena:
+        assert arena.vec_env.env_ready_info(0)["cheap_task_switch"] and not arena.task_affinity

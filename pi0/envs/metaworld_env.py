@@ -69,6 +69,9 @@ class MetaWorldEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
     supports_task_switch = True
+    # a switch rebuilds the MuJoCo sim and its renderer (about 1 s here, a same-task reset about 40 ms): the runner
+    # then prefers a worker whose env already has the episode's task
+    cheap_task_switch = False
     image_keys: tuple[str, ...] = CAMERA_KEYS
     wait_action: tuple[float, ...] = WAIT_ACTION
 

@@ -43,7 +43,7 @@ from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.flow import euler_integrate, posemb_sincos
 from pi0.models.fused import (FusedWeights, _copy_into, adarms_modulations, cache_views, cast, fused_layer,
                               mask_bias, rms, rope_tables)
-from pi0.models.flow_sde import gaussian_log_prob, sde_coefficients, sde_mean, sde_times
+from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_coefficients, sde_mean, sde_times
 
 BACKENDS = ("inductor", "aot_eager", "eager")
 
@@ -521,10 +521,7 @@ class FastSampler:
         """
         times = sde_times(num_steps)
         dt = 1.0 / num_steps
-        if sde_step is None:
-            sde_step = int(torch.randint(num_steps, (1,), generator=generator))
-        if not 0 <= sde_step < num_steps:
-            raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+        sde_step = pick_sde_step(num_steps, sde_step, generator)
         noise = self._check_call(state, noise, num_steps)
         use_graph = self._use_graph(state.device)
         time_inputs = self._time_inputs(times, state.shape[0], state.device)

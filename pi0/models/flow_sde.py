@@ -79,3 +79,13 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, H, A) values, (B, H, A) or broadcastable bool/float mask -> (B,) sum of the masked entries."""
     return (values * mask.to(values.dtype)).flatten(1).sum(-1)
+
+
+def pick_sde_step(num_steps: int, sde_step: int | None, generator: torch.Generator | None = None) -> int:
+    """The stochastic step of one Flow-SDE call: ``sde_step``, or (None) one drawn uniformly from 0..N-1 with
+    ``generator`` (one randint call: eager and fast samplers draw alike); ValueError outside [0, N)."""
+    if sde_step is None:
+        sde_step = int(torch.randint(num_steps, (1,), generator=generator))
+    if not 0 <= sde_step < num_steps:
+        raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+    return int(sde_step)

@@ -17,7 +17,7 @@ from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.config import Pi0Config
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
-from pi0.models.flow_sde import gaussian_log_prob, sde_step_moments, sde_times
+from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_step_moments, sde_times
 from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
@@ -397,10 +397,7 @@ class PI0Model(nn.Module):
                                                         num_steps, noise_level, sde_step, generator)
         times = sde_times(num_steps)
         dt = 1.0 / num_steps
-        if sde_step is None:
-            sde_step = int(torch.randint(num_steps, (1,), generator=generator))
-        if not 0 <= sde_step < num_steps:
-            raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+        sde_step = pick_sde_step(num_steps, sde_step, generator)
         kv_cache, prefix_pad, p_out = self.encode_prefix(images, img_masks, lang_tokens, lang_masks, return_output=True)
         x = noise.float()
         chain, log_prob, value = [x], None, None

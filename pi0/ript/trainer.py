@@ -65,7 +65,7 @@ class RLConfig:
     # dynamic sampling: a round starts ~oversample x the groups it expects to keep (every env of an iteration in
     # flight, at most the runner's num_envs // group_size groups), keeps the first informative ones in the sampler's
     # order and abandons the rest (collection.groups_to_start); 0 = sequential rounds of exactly the missing groups
-    oversample: float = 1.25
+    oversample: float = 1.0
     # collection and evaluation sample through FastSampler (the same numbers as eager within 1e-5, cached prefix,
     # fused heads; pi0.models.fast_sampler); False: the eager reference sampler
     fast_sampling: bool = True

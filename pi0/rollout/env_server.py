@@ -137,7 +137,10 @@ class EnvServer:
         u = self.unwrapped
         return {"pid": os.getpid(), "task_id": getattr(u, "task_id", None), "prompt": getattr(u, "prompt", None),
                 "num_init_states": getattr(u, "num_init_states", None), "render_on_demand": self.on_demand,
-                "supports_task_switch": bool(getattr(u, "supports_task_switch", False)), "num_makes": self.num_makes,
+                "supports_task_switch": bool(getattr(u, "supports_task_switch", False)),
+                # a switch that rebuilds the simulator inside the env (MetaWorld: ~1 s against ~40 ms) is not cheap
+                "cheap_task_switch": bool(getattr(u, "cheap_task_switch", getattr(u, "supports_task_switch", False))),
+                "num_makes": self.num_makes,
                 "image_keys": self.image_keys}
 
     def close(self) -> None:
