@@ -94,14 +94,22 @@ def test_imports_flow_one_way():
             assert not used & {"rollout", "ript", "eval"}, rel
         if rel.startswith("pi0/rollout/"):
             assert not used & {"ript", "evaluation", "models", "policies", "modeling_pi0", "libero_policy"}, rel
+        lazy = LAZY_EDGES.get(rel, set())
+        for top in lazy:  # the allowed exceptions are function-local imports only
+            assert not re.search(rf"^(from|import) pi0\.{top}\b", path.read_text(), re.M), f"{rel}: top-level {top}"
         for layer, forbidden in LAYER_RULES.items():
             if rel.startswith(f"pi0/{layer}/"):
-                assert not used & forbidden, f"{rel} imports {sorted(used & forbidden)}"
+                assert not (used - lazy) & forbidden, f"{rel} imports {sorted((used - lazy) & forbidden)}"
 
 
 # What each layer must not import (first component after ``pi0.``): the model layer is the bottom; policies sit on
 # it; conversion and serving sit above policies; nothing but the RL entry points imports ript (checked above).
 SHIMS = {"modeling_pi0", "modeling_pi0fast", "libero_policy"}  # public re-export paths, for users only
+# The policy layer's loaders read foreign checkpoint layouts (openpi-PyTorch, RLinf, LeRobot) through
+# pi0.conversion.openpi_pytorch, imported inside the loading functions only: conversion builds policies and imports
+# the policy layer at module level, so a function-local import is what keeps the module graph acyclic.
+LAZY_EDGES = {"pi0/policies/pi0.py": {"conversion"}, "pi0/policies/loading.py": {"conversion"}}
+
 LAYER_RULES = {
     "models": {"policies", "conversion", "serving", "evaluation", "rollout", "envs", "ript", "utils", *SHIMS},
     "policies": {"conversion", "serving", "evaluation", "ript", "envs", *SHIMS},

@@ -171,18 +171,16 @@ class PI0Policy(PretrainedPolicy, PolicyIO, nn.Module):
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
                         openpi_bf16_params: bool = False, **overrides: Any) -> "PI0Policy":
         """Our directory (``PretrainedPolicy.from_pretrained``), or an openpi-PyTorch / RLinf / LeRobot one, told
-        apart by its files (``pi0.conversion.openpi_pytorch``); those also take ``norm_stats``, ``tokenizer``,
-        ``openpi_config`` and ``delta_action_dims``."""
+        apart by its files (``pi0.conversion.openpi_pytorch``); those also take ``norm_stats``, ``tokenizer`` and
+        ``openpi_config``; ``delta_action_dims`` and the other ``PolicyConfig`` overrides apply to both."""
         from pi0.conversion.openpi_pytorch import is_our_policy_dir, load_foreign_policy
 
         if is_our_policy_dir(directory):
-            foreign = sorted(k for k in ("norm_stats", "tokenizer", "openpi_config", "delta_action_dims")
-                             if overrides.get(k) is not None)
+            foreign = sorted(k for k in ("norm_stats", "tokenizer", "openpi_config") if overrides.get(k) is not None)
             if foreign:
                 raise UserError(f"{foreign} apply only to openpi-PyTorch / RLinf / LeRobot directories; {directory} "
                                 f"is in our format (its config.json, norm_stats.json and tokenizer.model decide)")
-            overrides = {k: v for k, v in overrides.items()
-                         if k not in ("norm_stats", "tokenizer", "openpi_config", "delta_action_dims")}
+            overrides = {k: v for k, v in overrides.items() if k not in ("norm_stats", "tokenizer", "openpi_config")}
             return super().from_pretrained(directory, device=device, openpi_bf16_params=openpi_bf16_params,
                                            **overrides)
         return load_foreign_policy(directory, device=device, openpi_bf16_params=openpi_bf16_params, **overrides)
