@@ -166,6 +166,7 @@ def test_train_memory_bench_runs_each_mode_in_a_fresh_process(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     r = subprocess.run([sys.executable, str(repo / "bench" / "train_memory.py"), "--config", "ci", "--work",
                         str(tmp_path), "--modes", "expert", "lora", "--checkpointing", "on", "--threads", "1",
+                        "--minibatch", "1",  # bf16 on an AVX2-only CPU: ~100 s per step at minibatch 1
                         "--json", str(tmp_path / "rows.json")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.strip().splitlines()[-1]
