@@ -207,6 +207,17 @@ class Snapshots:
             self.unsaved = True
 
 
+def rl_config(cfg: Config) -> RLConfig:
+    """The RL arm's settings from the bench's options (no evaluation during training)."""
+    return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
+                    sde_step=cfg.sde_step, value_baseline=cfg.value_baseline,
+                    num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
+                    cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
+                    fast_sampling=cfg.fast_sampling,
+                    opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
+                                        value_lr=cfg.value_lr))
+
+
 def run_arm(cfg: Config) -> None:
     """One arm in this process: train for ``minutes`` from the cached start, then evaluate its snapshots."""
     policy, windows, _, _ = start(cfg)
@@ -229,14 +240,7 @@ def run_arm(cfg: Config) -> None:
     sft_opt = OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32)
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)
     if cfg.arm == "rl":
-        rl = RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
-                      sde_step=cfg.sde_step, value_baseline=cfg.value_baseline,
-                      num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
-                      cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
-                      fast_sampling=cfg.fast_sampling,
-                      opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
-                                          value_lr=cfg.value_lr))
-        RIPTTrainer(policy, runner, sampler, rl).train(10**9, seconds=seconds, callback=callback)
+        RIPTTrainer(policy, runner, sampler, rl_config(cfg)).train(10**9, seconds=seconds, callback=callback)
     elif cfg.arm == "rft":
         rft(policy, windows, runner, sampler, sft_opt, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
             cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,

@@ -24,6 +24,7 @@ per second, groups rolled per iteration. The last line is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -43,7 +44,6 @@ import rl_improvement as rlb  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
-from pi0.ript.update import OptimizerConfig  # noqa: E402
 from pi0.rollout.types import PolicyOutput  # noqa: E402
 from pi0.utils.cli import parse_config  # noqa: E402
 
@@ -81,15 +81,10 @@ class CountingPolicy:
 
 
 def rl_config(cfg: Config, fast: bool, oversample: float | None = None) -> RLConfig:
-    """The RL arm's settings (as ``rl_improvement.run_arm``), on today's path or the fast one (``oversample``:
+    """The RL arm's settings (``rl_improvement.rl_config``), on today's path or the fast one (``oversample``:
     instead of ``cfg.oversample``)."""
-    return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
-                    sde_step=cfg.sde_step, value_baseline=cfg.value_baseline, num_groups=cfg.num_groups,
-                    group_size=cfg.group_size, eval_every=0, seed=cfg.seed,
-                    oversample=(cfg.oversample if oversample is None else oversample) if fast else 0.0,
-                    fast_sampling=fast,
-                    opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
-                                        value_lr=cfg.value_lr))
+    over = (cfg.oversample if oversample is None else oversample) if fast else 0.0
+    return dataclasses.replace(rlb.rl_config(cfg), oversample=over, fast_sampling=fast)
 
 
 def baseline_runner(cfg: Config, policy: PI0Policy):

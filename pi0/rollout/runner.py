@@ -247,8 +247,7 @@ class RolloutRunner:
         """Whether to prefer a worker whose env has the episode's task: only when a switch is costly (it re-creates
         the env, or the env rebuilds its simulator: ``cheap_task_switch`` False)."""
         vec = self.vec_env
-        return not all(vec.env_ready_info(i).get("cheap_task_switch", vec.env_ready_info(i).get(
-            "supports_task_switch", False)) for i in range(vec.num_envs))
+        return not all(vec.env_ready_info(i).get("cheap_task_switch", False) for i in range(vec.num_envs))
 
     def respawn(self, worker: int, overrides: dict[str, Any] | None, stats: RunStats,
                 req: EpisodeRequest | None) -> None:
