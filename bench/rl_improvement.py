@@ -13,13 +13,24 @@ Protocol:
    checkpoints along its budget and evaluates them afterwards (the intermediate ones on the first ``--curve_states``
    held-out states per task when it is set: the curve's shape for less evaluation time; the last one on all).
 3. Evaluation: success on ``--eval_states`` held-out init states per task (disjoint from the training and validation
-   states), openpi's deterministic sampler with the same initial-noise seed for every policy (paired), with the
-   standard error sqrt(p (1 - p) / n).
+   states), openpi's deterministic sampler with each episode's noise keyed to the episode (the same noise for every
+   policy: paired), with the standard error sqrt(p (1 - p) / n) of each rate and the paired standard error of
+   RL − max(SFT, RFT) (``pi0.evaluation.paired``).
+
+Settings are chosen on validation states only (``--stage tune``): round j runs every arm side by side with the j-th
+entry of its grid (``--tune_rl``, ``--tune_sft``, ``--tune_rft``: the same number of points and the same minutes for
+each arm), scores each arm's final weights on the ``--val_states`` validation states, and writes ``<out>/tune.json``
+with every score and each arm's best entry. Held-out states are not built in that stage. ``--stage report
+--tuned <tune.json>`` runs the arms with those entries and evaluates on held-out states (states 1600-1999 were seen
+by earlier probes, so the held-out default starts at 2000).
 
 Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall-clock, every arm). The last line is
 ``before=<p> after=<p> sft=<p> rft=<p> w1=<p> minutes=<m>`` (w1: the RL policy at w=1; equals ``after`` for ppo).
+``bench/rl_table.py`` collects reports into one table and refuses a replayed seed.
 
-    nice -n 10 .venv/bin/python bench/rl_improvement.py --seed 0 --minutes 20 --out runs/bench_rl/seed0
+    nice -n 10 .venv/bin/python bench/rl_improvement.py --stage tune --minutes 10 --out runs/bench_rl/tune
+    nice -n 10 .venv/bin/python bench/rl_improvement.py --seed 0 --minutes 20 --tuned runs/bench_rl/tune/tune.json \
+        --out runs/bench_rl/seed0
     .venv/bin/python bench/rl_improvement.py --env metaworld --task 1 2 5 --num_demos 20 --minutes 30 --eval_states 70 \
         --train_states 200 --val_start 200 --val_states 20 --eval_start 250 --out runs/bench_rl_mw/seed0
 """
@@ -32,22 +43,30 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
+from pi0.evaluation.paired import paired_difference, rate_se as se  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
+from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
-from pi0.ript.update import OptimizerConfig  # noqa: E402
+from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
-    ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate, rft, sft)
+    ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
 
 ARMS = ("rl", "sft", "rft")
+# the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
+ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "clip", "rl_schedule"),
+                "sft": ("sft_arm_lr", "sft_schedule"),
+                "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -69,14 +88,31 @@ class Config:
     patience: int = 8  # checks without a new best before the start counts as converged
     smooth: int = 3  # the start's criterion: the mean of the last `smooth` validation checks (1: the single check)
     require_convergence: bool = True  # a start that reaches --sft_steps before its patience runs out is an error
-    sft_lr: float = 1e-3  # warm start, continued SFT and RFT
+    sft_lr: float = 1e-3  # the warm start's lr
+    # the arms' optimizers (tuned on validation states: --stage tune); every arm starts a fresh AdamW warmed up
+    # linearly over warmup_steps; a *_schedule of "cosine" decays the arm's lr to 0 over its wall-clock budget
+    sft_arm_lr: float = 1e-3  # continued SFT
+    rft_lr: float = 1e-3  # RFT
+    sft_schedule: str = "constant"
+    rft_schedule: str = "constant"
+    rl_schedule: str = "constant"
+    warmup_steps: int = 50
     # init-state split per task: training 0..train_states-1 (the demos' states included), validation
     # val_start..val_start+val_states-1, held-out eval_start..eval_start+eval_states-1
     train_states: int = 1500
     val_start: int = 1500
     val_states: int = 100
-    eval_start: int = 1600
+    eval_start: int = 2000  # 1600-1999 were scored by earlier probes of the RL settings: not held out any more
     eval_states: int = 400
+    # tuning: "tune" scores grid points on validation states; "report" evaluates on held-out states
+    stage: str = "report"
+    tuned: str = ""  # report: a tune.json whose best entry per arm this run uses
+    tune_rl: list[str] = field(default_factory=lambda: ["lr=3e-6", "lr=1e-5", "lr=3e-5", "lr=1e-5,rl_schedule=cosine"])
+    tune_sft: list[str] = field(default_factory=lambda: [
+        "sft_arm_lr=1e-4", "sft_arm_lr=3e-4", "sft_arm_lr=1e-3", "sft_arm_lr=3e-4,sft_schedule=cosine"])
+    tune_rft: list[str] = field(default_factory=lambda: [
+        "rft_lr=1e-4", "rft_lr=3e-4", "rft_lr=1e-3", "rft_lr=3e-4,rft_schedule=cosine"])
+    point: int = -1  # internal: the grid point an arm runs in the tune stage
     # RL
     num_groups: int = 4
     group_size: int = 8
@@ -110,7 +146,8 @@ class Config:
 
 
 def splits(cfg: Config) -> tuple[list, list, dict]:
-    """Validation and held-out (task, id) lists, and the training states per task; refuses overlaps."""
+    """Validation and held-out (task, id) lists, and the training states per task; refuses overlaps and bad
+    options (one line each, before any work)."""
     if not (cfg.num_demos <= cfg.train_states <= cfg.val_start and cfg.val_start + cfg.val_states <= cfg.eval_start):
         raise SystemExit(f"error: the init-state split overlaps: need num_demos ({cfg.num_demos}) <= train_states "
                          f"({cfg.train_states}) <= val_start ({cfg.val_start}) and val_start + val_states "
@@ -122,9 +159,78 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     n_tasks = 5 if cfg.env == "arena" else 10
     if not cfg.task or any(not 0 <= t < n_tasks for t in cfg.task):
         raise SystemExit(f"error: unknown {cfg.env} task id(s) in --task {cfg.task}; valid ids are 0..{n_tasks - 1}")
+    if cfg.stage not in ("tune", "report"):
+        raise SystemExit(f"error: --stage must be tune or report, got {cfg.stage!r}")
+    for name in ("sft_schedule", "rft_schedule", "rl_schedule"):
+        if getattr(cfg, name) not in SCHEDULES:
+            raise SystemExit(f"error: --{name} must be one of {SCHEDULES}, got {getattr(cfg, name)!r}")
+    if cfg.stage == "tune" and cfg.tuned:
+        raise SystemExit("error: --tuned applies to --stage report; the tune stage writes tune.json")
+    grid(cfg)
+    if cfg.tuned:
+        tuned_entries(cfg)
     val = [(t, i) for t in cfg.task for i in range(cfg.val_start, cfg.val_start + cfg.val_states)]
     held = [(t, i) for t in cfg.task for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]
     return val, held, {t: range(cfg.train_states) for t in cfg.task}
+
+
+def parse_entry(entry: str, arm: str) -> dict[str, Any]:
+    """A grid entry ``"key=value[,key=value]"`` of ``arm`` -> {setting: typed value} (only the arm's own settings)."""
+    kinds = {f.name: type(f.default) for f in fields(Config) if f.default is not MISSING}
+    out: dict[str, Any] = {}
+    for item in filter(None, entry.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in ARM_SETTINGS[arm]:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {item!r} is not key=value with a key of the {arm} "
+                             f"arm ({', '.join(ARM_SETTINGS[arm])})")
+        try:
+            out[key] = kinds[key](value)
+        except ValueError:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
+        if key.endswith("_schedule") and out[key] not in SCHEDULES:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {SCHEDULES}")
+    return out
+
+
+def grid(cfg: Config) -> dict[str, list[str]]:
+    """Each arm's tuning entries; the same number for every arm (the same tuning effort), each one valid."""
+    g = {"rl": cfg.tune_rl, "sft": cfg.tune_sft, "rft": cfg.tune_rft}
+    sizes = {arm: len(v) for arm, v in g.items()}
+    if len(set(sizes.values())) != 1 or not cfg.tune_rl:
+        raise SystemExit(f"error: every arm's tuning grid needs the same number (>= 1) of entries (the same effort "
+                         f"per arm), got {sizes}")
+    for arm, entries in g.items():
+        for e in entries:
+            parse_entry(e, arm)
+    return g
+
+
+def tuned_entries(cfg: Config) -> dict[str, str]:
+    """The best entry per arm of ``--tuned``; refuses a tune.json whose validation states reach this run's
+    held-out states."""
+    path = Path(cfg.tuned)
+    if not path.is_file():
+        raise SystemExit(f"error: --tuned {path}: no such file (run --stage tune first; it writes <out>/tune.json)")
+    rec = json.loads(path.read_text())
+    if set(rec.get("best", {})) != set(ARMS):
+        raise SystemExit(f"error: --tuned {path}: no best entry for every arm {ARMS}")
+    lo, hi = rec["val_range"]
+    if rec["env"] == cfg.env and set(rec["task"]) & set(cfg.task) and lo < cfg.eval_start + cfg.eval_states \
+            and cfg.eval_start < hi:
+        raise SystemExit(f"error: --tuned {path} chose its settings on states {lo}..{hi - 1}, which overlap this "
+                         f"run's held-out states {cfg.eval_start}..{cfg.eval_start + cfg.eval_states - 1}")
+    for arm in ARMS:
+        parse_entry(rec["best"][arm], arm)
+    return rec["best"]
+
+
+def arm_config(cfg: Config, arm: str) -> Config:
+    """The bench's options with ``arm``'s settings: its grid point (tune stage) or its tuned entry (``--tuned``)."""
+    if cfg.stage == "tune":
+        return replace(cfg, **parse_entry(grid(cfg)[arm][cfg.point], arm))
+    if cfg.tuned:
+        return replace(cfg, **parse_entry(tuned_entries(cfg)[arm], arm))
+    return cfg
 
 
 def num_init_states(cfg: Config) -> int:
@@ -215,52 +321,82 @@ def rl_config(cfg: Config) -> RLConfig:
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
-                                        value_lr=cfg.value_lr))
+                                        value_lr=cfg.value_lr, warmup_steps=cfg.warmup_steps))
+
+
+def cosine(frac: float) -> float:
+    """The lr multiplier of a cosine decay to 0 at ``frac`` of the budget (1 at 0, 0 at 1)."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, frac))))
+
+
+def arm_dir(cfg: Config, arm: str) -> Path:
+    """Where an arm writes: ``<out>/<arm>``, or ``<out>/p<j>/<arm>`` for grid point j of the tune stage."""
+    return Path(cfg.out) / (f"p{cfg.point}" if cfg.stage == "tune" else "") / arm
 
 
 def run_arm(cfg: Config) -> None:
-    """One arm in this process: train for ``minutes`` from the cached start, then evaluate its snapshots."""
+    """One arm in this process: train for ``minutes`` from the cached start, then evaluate its snapshots (tune
+    stage: the final weights on validation states; report: every snapshot on held-out states)."""
+    arm = cfg.arm
+    cfg = arm_config(cfg, arm)
     policy, windows, _, _ = start(cfg)
-    _, held, train_states = splits(cfg)
-    out = Path(cfg.out) / cfg.arm
+    val, held, train_states = splits(cfg)
+    scored = val if cfg.stage == "tune" else held  # the tune stage never builds the held-out states into anything
+    out = arm_dir(cfg, arm)
     out.mkdir(parents=True, exist_ok=True)
     seconds = cfg.minutes * 60
     runner = make_runner(cfg, policy)
-    snaps = Snapshots(out, seconds, cfg.snapshots)
+    snaps = Snapshots(out, seconds, 1 if cfg.stage == "tune" else cfg.snapshots)
     log: list[dict] = []
+    schedule = {"rl": cfg.rl_schedule, "sft": cfg.sft_schedule, "rft": cfg.rft_schedule}[arm]
+    upd: PolicyUpdate | None = None
 
     def callback(st: dict) -> None:
-        log.append({"minutes": (time.perf_counter() - snaps.t0) / 60,
-                    **{k: v for k, v in st.items() if isinstance(v, float)}})
+        el = time.perf_counter() - snaps.t0
+        log.append({"minutes": el / 60, **{k: v for k, v in st.items() if isinstance(v, float)}})
         if "rollout/success_rate" in st and (len(log) == 1 or int(log[-1]["minutes"]) > int(log[-2]["minutes"])):
-            print(f"[{cfg.arm}] {log[-1]['minutes']:.1f} min, iteration {len(log)}: rollout success "
+            print(f"[{arm}] {log[-1]['minutes']:.1f} min, iteration {len(log)}: rollout success "
                   f"{st['rollout/success_rate']:.2f}", flush=True)
+        if schedule == "cosine" and upd is not None:
+            upd.lr_scale = cosine(el / seconds)
         snaps.maybe(policy)
 
-    sft_opt = OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32)
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)
-    if cfg.arm == "rl":
-        RIPTTrainer(policy, runner, sampler, rl_config(cfg)).train(10**9, seconds=seconds, callback=callback)
-    elif cfg.arm == "rft":
-        rft(policy, windows, runner, sampler, sft_opt, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
+    if arm == "rl":
+        trainer = RIPTTrainer(policy, runner, sampler, rl_config(cfg))
+        upd = trainer.update
+        trainer.train(10**9, seconds=seconds, callback=callback)
+    elif arm == "rft":
+        upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
+            lr=cfg.rft_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 2)
+        rft(policy, windows, runner, sampler, upd.config, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
             cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,
-            fast_sampling=cfg.fast_sampling)
+            fast_sampling=cfg.fast_sampling, update=upd)
     else:
-        upd = None
+        upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
+            lr=cfg.sft_arm_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 3)
         while time.perf_counter() - snaps.t0 < seconds:
-            upd = sft(policy, windows, sft_opt, steps=25, seed=cfg.seed + 3, update=upd)
+            sft(policy, windows, upd.config, steps=25, update=upd)
             callback({"steps": 25.0})
     trained = (time.perf_counter() - snaps.t0) / 60
     snaps.maybe(policy, final=True)
-    guid = [cfg.cfg_guidance, 1.0] if cfg.arm == "rl" and cfg.objective == "cfg" else [None]
+    guid = [cfg.cfg_guidance, 1.0] if arm == "rl" and cfg.objective == "cfg" else [None]
     curve = []
     for j, s in enumerate(snaps.saved):
+        last = j == len(snaps.saved) - 1
+        if cfg.stage == "tune" and not last:
+            continue  # tuning scores only the final weights, on validation states
         pol = PI0Policy.from_pretrained(s["path"])
-        states = held if j == len(snaps.saved) - 1 else curve_subset(cfg, held)
-        rates = {str(w): evaluate(runner, pol, states, seed=cfg.seed + 100, guidance=w) for w in guid}
-        curve.append({"minutes": s["minutes"], "states": len(states), **rates})
+        states = scored if last else curve_subset(cfg, held)
+        outcomes = {str(w): evaluate_episodes(runner, pol, states, seed=cfg.seed + 100, guidance=w) for w in guid}
+        point = {"minutes": s["minutes"], "states": len(states), **{w: float(o.mean()) for w, o in outcomes.items()}}
+        if last:  # per-episode outcomes of the final weights: the paired differences
+            point["outcomes"] = {w: o.astype(int).tolist() for w, o in outcomes.items()}
+        curve.append(point)
     runner.close()
-    (out / "arm.json").write_text(json.dumps({"arm": cfg.arm, "trained_minutes": trained, "curve": curve,
+    settings = {k: getattr(cfg, k) for k in ARM_SETTINGS[arm]}
+    (out / "arm.json").write_text(json.dumps({"arm": arm, "stage": cfg.stage, "settings": settings,
+                                              "trained_minutes": trained, "iterations": len(log), "curve": curve,
                                               "log": log}, indent=1))
 
 
@@ -271,8 +407,36 @@ def curve_subset(cfg: Config, held: list[tuple[int, int]]) -> list[tuple[int, in
     return [(t, i) for t, i in held if i < cfg.eval_start + cfg.curve_states]
 
 
-def se(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.0) / n)
+def run_arms(argv: list[str], extra: list[str], out: Path) -> dict[str, dict]:
+    """The three arms side by side, each in its own process (``argv`` + ``extra``) -> each arm's arm.json."""
+    procs = {arm: subprocess.Popen([sys.executable, __file__, *argv, *extra, "--arm", arm]) for arm in ARMS}
+    failed = [arm for arm, p in procs.items() if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"error: arm(s) {failed} failed; see their output above")
+    return {arm: json.loads((out / arm / "arm.json").read_text()) for arm in ARMS}
+
+
+def tune(cfg: Config, argv: list[str], val: list, before: float) -> dict:
+    """The tune stage: every grid point's arms side by side, scored on validation states -> tune.json."""
+    out = Path(cfg.out)
+    g = grid(cfg)
+    points: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    for j in range(len(cfg.tune_rl)):
+        print(f"tune: point {j}: " + ", ".join(f"{arm} {g[arm][j]}" for arm in ARMS), flush=True)
+        arms = run_arms(argv, ["--num_demos", str(cfg.num_demos), "--point", str(j)], out / f"p{j}")
+        for arm in ARMS:
+            key = str(cfg.cfg_guidance) if arm == "rl" and cfg.objective == "cfg" else "None"
+            rate = arms[arm]["curve"][-1][key]
+            points[arm].append({"entry": g[arm][j], "val_success": rate, "iterations": arms[arm]["iterations"],
+                                "trained_minutes": arms[arm]["trained_minutes"]})
+            print(f"tune: point {j} {arm} ({g[arm][j]}): validation success {rate:.3f}", flush=True)
+    best = {arm: max(points[arm], key=lambda p: p["val_success"])["entry"] for arm in ARMS}  # ties: the first
+    rec = {"env": cfg.env, "task": cfg.task, "seed": cfg.seed, "minutes": cfg.minutes,
+           "val_range": [cfg.val_start, cfg.val_start + cfg.val_states], "val_states": len(val),
+           "before": before, "points": points, "best": best}
+    (out / "tune.json").write_text(json.dumps(rec, indent=1))
+    print("tune: best " + ", ".join(f"{arm} {best[arm]}" for arm in ARMS) + f"; {out}/tune.json", flush=True)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -290,38 +454,47 @@ def main(argv: list[str] | None = None) -> dict:
     t_all = time.perf_counter()
     load0 = os.getloadavg()
     val, held, _ = splits(cfg)
+    scored = val if cfg.stage == "tune" else held
     policy, windows, root, rec = start(cfg)
     print(f"start: {cfg.num_demos} demos x {len(cfg.task)} task(s) ({len(windows)} windows), SFT {rec['steps']} steps "
           f"(best of {len(rec['curve'])} checks), validation plateau {rec['plateau']:.3f}, cached at {root}",
           flush=True)
     with make_runner(cfg, policy, 50 if cfg.env == "arena" else 0) as r:
-        before = evaluate(r, policy, held, seed=cfg.seed + 100)
-    n = len(held)
-    print(f"before: held-out success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)
-    # the arms, side by side, each in its own process
-    procs = {arm: subprocess.Popen([sys.executable, __file__, *argv, "--num_demos", str(cfg.num_demos), "--arm", arm])
-             for arm in ARMS}
-    failed = [arm for arm, p in procs.items() if p.wait() != 0]
-    if failed:
-        raise SystemExit(f"error: arm(s) {failed} failed; see their output above")
-    arms = {arm: json.loads((out / arm / "arm.json").read_text()) for arm in ARMS}
+        before_out = evaluate_episodes(r, policy, scored, seed=cfg.seed + 100)
+    before, n = float(before_out.mean()), len(scored)
+    where = "validation" if cfg.stage == "tune" else "held-out"
+    print(f"before: {where} success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)
+    if cfg.stage == "tune":
+        return tune(cfg, argv, val, before)
+    arms = run_arms(argv, ["--num_demos", str(cfg.num_demos)], out)
     key = str(cfg.cfg_guidance) if cfg.objective == "cfg" else "None"
     final = {arm: arms[arm]["curve"][-1] for arm in ARMS}
     after = final["rl"][key]
     w1 = final["rl"]["1.0"] if cfg.objective == "cfg" else after
     sft_rate, rft_rate = final["sft"]["None"], final["rft"]["None"]
+    outcomes = {"rl": final["rl"]["outcomes"][key], "sft": final["sft"]["outcomes"]["None"],
+                "rft": final["rft"]["outcomes"]["None"]}
+    base = "sft" if sft_rate >= rft_rate else "rft"  # the stronger baseline on the reported states
+    paired = {f"rl-{b}": dict(zip(("mean", "se"), paired_difference(outcomes["rl"], outcomes[b])))
+              for b in ("sft", "rft")}
+    paired["rl-before"] = dict(zip(("mean", "se"), paired_difference(outcomes["rl"], before_out)))
+    diff = paired[f"rl-{base}"]
     minutes = arms["rl"]["trained_minutes"]
     for arm, rate in (("rl", after), ("sft", sft_rate), ("rft", rft_rate)):
-        print(f"{arm}: held-out success {rate:.3f} +- {se(rate, n):.3f} after {arms[arm]['trained_minutes']:.1f} min",
-              flush=True)
+        print(f"{arm}: held-out success {rate:.3f} +- {se(rate, n):.3f} after {arms[arm]['trained_minutes']:.1f} min "
+              f"({arms[arm]['settings']})", flush=True)
+    print(f"RL - {base} (paired, {n} states, same noise): {diff['mean']:+.3f} +- {diff['se']:.3f}", flush=True)
     start_keys = ("demos", "steps", "plateau", "curve", "seconds", "tried")
-    result = {"config": asdict(cfg), "start": {k: rec[k] for k in start_keys},
+    result = {"config": asdict(cfg), "start": {k: rec[k] for k in start_keys}, "tuned": cfg.tuned and
+              json.loads(Path(cfg.tuned).read_text())["best"],
               "held_out_states": n, "before": before, "after": after, "w1": w1, "sft": sft_rate, "rft": rft_rate,
               "se": {k: se(v, n) for k, v in (("before", before), ("after", after), ("sft", sft_rate),
                                              ("rft", rft_rate))},
+              "paired": paired, "baseline": base, "rl_iterations": arms["rl"]["iterations"],
+              "before_outcomes": before_out.astype(int).tolist(),
               "minutes": minutes, "arms": arms, "total_minutes": (time.perf_counter() - t_all) / 60,
               "load_before": load0, "load_after": os.getloadavg(),
-              "goal_met": bool(after >= 0.8 and after >= max(sft_rate, rft_rate) + 0.15)}
+              "goal_met": bool(after >= 0.8 and diff["mean"] >= 0.15 and diff["mean"] >= 3 * diff["se"])}
     (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
     import matplotlib
     matplotlib.use("Agg")

@@ -55,3 +55,112 @@ def test_next_num_demos_moves_n_toward_the_plateau_band():
     assert next_num_demos(200, 0.65, [], 1500) is None  # no band: num_demos as given
     # a small N leaves the band's edge: 20 x 0.75 rounds back to 20, so it steps by 10 (MetaWorld's 20 at 0.72)
     assert next_num_demos(20, 0.72, band, 200) == 10 and next_num_demos(20, 0.05, band, 200) == 30
+
+
+TINY = ["--task", "4", "--num_demos", "10", "--train_states", "20", "--val_start", "20", "--val_states", "4",
+        "--eval_start", "30", "--eval_states", "4", "--sft_steps", "2", "--check_every", "1", "--patience", "1",
+        "--smooth", "1", "--no-require_convergence", "--plateau_band", "--minutes", "0.03", "--num_groups", "1",
+        "--group_size", "2", "--warmup_steps", "2"]
+
+
+def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeypatch):
+    """The split test: in the tune stage every arm (its grid point's settings applied) is scored on validation
+    states, and no held-out state reaches any evaluation."""
+    import numpy as np
+
+    import rl_improvement as bench
+    from pi0.utils.cli import parse_config
+
+    monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
+    seen: list[tuple[int, int]] = []
+    real = bench.evaluate_episodes
+
+    def spy(runner, policy, states, *args, **kwargs):
+        seen.extend(states)
+        return real(runner, policy, states, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "evaluate_episodes", spy)
+    argv = TINY + ["--stage", "tune", "--out", str(tmp_path / "tune"), "--tune_rl", "lr=1e-4", "lr=3e-5",
+                   "--tune_sft", "sft_arm_lr=1e-4", "sft_arm_lr=3e-4,sft_schedule=cosine",
+                   "--tune_rft", "rft_lr=1e-4", "rft_steps_per_iteration=2", "--point", "1"]
+    for arm in bench.ARMS:
+        bench.run_arm(parse_config(bench.Config, argv + ["--arm", arm]))
+    val = {(4, i) for i in range(20, 24)}
+    assert seen and set(seen) <= val  # the start's plateau checks and every arm's score
+    import json
+    recs = {arm: json.loads((tmp_path / "tune" / "p1" / arm / "arm.json").read_text()) for arm in bench.ARMS}
+    assert recs["rl"]["settings"]["lr"] == 3e-5 and recs["sft"]["settings"]["sft_schedule"] == "cosine"
+    assert recs["rft"]["settings"]["rft_steps_per_iteration"] == 2 and recs["rft"]["settings"]["rft_lr"] == 1e-3
+    for rec in recs.values():
+        assert rec["stage"] == "tune" and len(rec["curve"]) == 1 and rec["curve"][0]["states"] == 4
+        assert np.mean(rec["curve"][-1]["outcomes"]["None"]) == rec["curve"][-1]["None"]
+
+
+def test_tuned_settings_are_checked_before_any_work(tmp_path):
+    """One-line errors: a grid entry naming another arm's setting, grids of unequal effort, a tune.json chosen on
+    states that overlap the held-out states; a valid one is applied to its own arm only."""
+    import json
+
+    import pytest
+
+    import rl_improvement as bench
+    from pi0.utils.cli import parse_config
+
+    def cfg(*extra):
+        return parse_config(bench.Config, TINY + list(extra))
+
+    with pytest.raises(SystemExit, match="not key=value with a key of the sft arm"):
+        bench.splits(cfg("--tune_sft", "lr=1e-4", "--tune_rl", "lr=1e-4", "--tune_rft", "rft_lr=1e-4"))
+    with pytest.raises(SystemExit, match="same number"):
+        bench.splits(cfg("--tune_rl", "lr=1e-4"))
+    with pytest.raises(SystemExit, match="is not a float"):
+        bench.parse_entry("lr=fast", "rl")
+    tuned = tmp_path / "tune.json"
+    rec = {"env": "arena", "task": [4], "val_range": [28, 32],
+           "best": {"rl": "lr=3e-5", "sft": "sft_arm_lr=3e-4,sft_schedule=cosine", "rft": "rft_lr=1e-4"}}
+    tuned.write_text(json.dumps(rec))
+    with pytest.raises(SystemExit, match="overlap this run's held-out states 30..33"):
+        bench.splits(cfg("--tuned", str(tuned)))
+    with pytest.raises(SystemExit, match="no such file"):
+        bench.splits(cfg("--tuned", str(tmp_path / "none.json")))
+    rec["val_range"] = [20, 24]
+    tuned.write_text(json.dumps(rec))
+    c = cfg("--tuned", str(tuned))
+    assert bench.arm_config(c, "rl").lr == 3e-5 and bench.arm_config(c, "rl").sft_arm_lr == c.sft_arm_lr
+    assert bench.arm_config(c, "sft").sft_schedule == "cosine" and bench.arm_config(c, "sft").lr == c.lr
+    assert bench.cosine(0.0) == 1.0 and bench.cosine(0.5) == pytest.approx(0.5) and bench.cosine(2.0) == 0.0
+
+
+def _report(seed: int, rl: list[int], sft: list[int], tuned: bool = True) -> dict:
+    """A report with the fields the table reads (per-episode outcomes given, their summaries computed)."""
+    import numpy as np
+
+    from pi0.evaluation.paired import paired_difference
+
+    d = dict(zip(("mean", "se"), paired_difference(rl, sft)))
+    return {"config": {"env": "arena", "task": [4], "seed": seed}, "tuned": {"rl": "lr=1e-5"} if tuned else "",
+            "start": {"demos": 200, "steps": 5500, "plateau": 0.39}, "before": 0.3, "after": float(np.mean(rl)),
+            "sft": float(np.mean(sft)), "rft": 0.0, "paired": {"rl-sft": d}, "baseline": "sft",
+            "rl_iterations": 400, "minutes": 20.0, "load_before": [2.0], "load_after": [3.0], "goal_met": False}
+
+
+def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
+    import json
+
+    import pytest
+    from rl_table import main as table_main
+
+    paths = []
+    for name, rep in (("a", _report(0, [1, 1, 0, 1], [1, 0, 0, 1])), ("b", _report(1, [1, 1, 1, 1], [0, 1, 1, 0])),
+                      ("c", _report(0, [0, 1, 0, 1], [0, 0, 0, 1])), ("d", _report(2, [1, 0], [0, 0], tuned=False))):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(rep))
+    with pytest.raises(SystemExit, match="c.json replays .*a.json .*seed 0"):
+        table_main([str(p) for p in paths[:3]])
+    with pytest.raises(SystemExit, match="not chosen on validation"):
+        table_main([str(paths[0]), str(paths[3])])
+    text = table_main([str(paths[0]), str(paths[1]), "--out", str(tmp_path / "t.md")])
+    # seed 0: d = 0 1 0 0 -> +0.250 ± 0.250; seed 1: d = 1 0 0 1 -> +0.500 ± 0.289; across runs 0.375 ± 0.125
+    assert "+0.250 ± 0.250 (SFT)" in text and "+0.500 ± 0.289 (SFT)" in text
+    assert "2 independent run(s): mean RL − best baseline +0.375 ± 0.125" in text
+    assert (tmp_path / "t.md").read_text().strip() == text.strip()

@@ -94,3 +94,23 @@ def test_no_cache_when_the_prefix_trains(policy_and_windows):
     assert not pol.model.prefix_frozen()
     ws = [dict(w) for w in windows]
     assert not PPOObjective(pol, 1.0).attach_prefixes(ws) and not any("_prefix" in w for w in ws)
+
+
+def test_warmup_and_lr_scale_shrink_the_first_adamw_steps(policy_and_windows):
+    """AdamW's first step moves every parameter with a gradient by about lr (m / sqrt(v) = ±1): with
+    ``warmup_steps=4`` by lr / 4, with ``lr_scale=0.5`` by lr / 2; a step's lr is restored afterwards."""
+    policy, windows = policy_and_windows
+    moves = []
+    for warmup, scale in ((0, 1.0), (4, 1.0), (0, 0.5)):
+        pol = copy.deepcopy(policy)
+        upd = PolicyUpdate(FlowMatchingObjective(pol), OptimizerConfig(lr=1e-3, minibatch_size=64, max_grad_norm=0,
+                                                                       warmup_steps=warmup), seed=0)
+        upd.lr_scale = scale
+        before = [p.detach().clone() for p in upd.params]
+        assert upd.step(windows, max_steps=1)["steps"] == 1
+        moved = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(upd.params, before)])
+        moves.append(float(moved[moved > 0].median()))
+        assert upd.optimizer.param_groups[0]["lr"] == 1e-3 and upd.num_applied == 1
+    assert moves[0] == pytest.approx(1e-3, rel=0.05)
+    assert moves[1] / moves[0] == pytest.approx(0.25, rel=0.05)
+    assert moves[2] / moves[0] == pytest.approx(0.5, rel=0.05)

@@ -9,6 +9,7 @@ engine's batched ``ChunkPolicy``; ``predict_libero_action_chunk`` answers one ob
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -96,6 +97,14 @@ def window_extras(arrays: Mapping[str, np.ndarray], state: torch.Tensor, tokens:
             "tokenized_prompt_mask": token_mask.cpu().numpy()}
 
 
+def episode_noise(seed: int, key: Sequence[int], shape: tuple[int, ...]) -> torch.Tensor:
+    """Standard-normal noise ``shape`` determined by ``seed`` and an episode key (task, init state, sample, decision):
+    a function of the key alone, so paired evaluations of two policies draw the same noise per episode."""
+    digest = hashlib.blake2b(repr((int(seed), *map(int, key))).encode(), digest_size=8).digest()
+    h = int.from_bytes(digest, "little") >> 1  # a 63-bit generator seed
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(h))
+
+
 class Pi0ChunkPolicy:
     """Batched ``ChunkPolicy`` over any policy (pi0 or pi0-FAST) for LIBERO-format envs (LIBERO and the arena).
 
@@ -104,19 +113,34 @@ class Pi0ChunkPolicy:
     chunk and its noise, for pi0-FAST the decoded tokens and the per-sample ``ok`` of the action decoding.
     """
 
-    def __init__(self, policy: Any, generator: torch.Generator | None = None):
+    def __init__(self, policy: Any, generator: torch.Generator | None = None, episode_seed: int | None = None):
+        """``episode_seed``: a flow policy draws each row's initial noise from (seed, task, init state, sample,
+        decision index) instead of ``generator`` (the runner passes the keys), so an episode's noise does not depend
+        on which other episodes share its batch: two policies evaluated on the same states see the same noise."""
         self.policy = policy
         self.generator = generator
+        self.episode_seed = episode_seed
 
-    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
-        """n raw observations -> PolicyOutput(actions (n, H, 7) float64, extras)."""
+    @property
+    def keyed(self) -> bool:
+        """Whether the runner should pass each row's episode key (see ``episode_noise``)."""
+        return self.episode_seed is not None and model_type_of_policy(self.policy) != "pi0fast"
+
+    def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str],
+                       keys: Sequence[tuple[int, ...]] | None = None) -> PolicyOutput:
+        """n raw observations (+ their episode keys when ``keyed``) -> PolicyOutput(actions (n, H, 7) float64,
+        extras)."""
         observation, arrays = construct_libero_observation(obs, prompts, self.policy)
         if model_type_of_policy(self.policy) == "pi0fast":
             out = self.policy.predict_action_chunk_with_info(observation, generator=self.generator)
             own = {"output_tokens": out["output_tokens"].cpu().numpy(), "ok": out["ok"]}
         else:
             cfg = self.policy.config.model
-            noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator)
+            shape = (cfg.action_horizon, cfg.action_dim)
+            if self.episode_seed is not None and keys is not None:
+                noise = torch.stack([episode_noise(self.episode_seed, k, shape) for k in keys])
+            else:
+                noise = torch.randn(len(obs), *shape, generator=self.generator)
             out = self.policy.predict_action_chunk_with_info(observation, noise)
             own = {"model_actions": out["model_actions"].cpu().numpy(), "noise": out["noise"].cpu().numpy()}
         extras = {**window_extras(arrays, out["state"], out["lang_tokens"], out["lang_masks"]), **own}

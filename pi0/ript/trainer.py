@@ -109,6 +109,7 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
 
 
 PRECISIONS = ("float32", "bf16")
+EVAL_SEED = 12345  # the held-out evaluation's noise seed (keyed per episode: every policy scored with it is paired)
 
 
 class RIPTTrainer:
@@ -166,7 +167,7 @@ class RIPTTrainer:
     def evaluate(self, guidance: float | None = None, repeats: int | None = None) -> float:
         """Success rate on the held-out states with the deterministic sampler (the policy's w unless ``guidance``)."""
         with gathered(self.policy.model):  # FSDP2: rank-local sampling on gathered weights (every rank calls this)
-            return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=12345,
+            return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=EVAL_SEED,
                             guidance=guidance) if self.eval_states else 0.0
 
     def step(self) -> dict[str, float]:

@@ -41,6 +41,7 @@ class OptimizerConfig:
     grad_accum_steps: int = 1  # minibatches per optimizer step
     max_grad_norm: float = 1.0  # <= 0: no clipping (per parameter group: the policy, the value head)
     value_lr: float = 1e-3  # the value head's lr (PPO's value baseline; a small fresh head, trained alone)
+    warmup_steps: int = 0  # the first optimizer steps scale the lr linearly from 1/warmup_steps to 1 (fresh AdamW)
 
 
 def is_value_param(name: str) -> bool:
@@ -79,6 +80,8 @@ class PolicyUpdate:
         self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
         self.rng = np.random.default_rng(seed)  # minibatch order
         self.num_skipped = 0  # optimizer steps skipped for a non-finite loss / gradient (lifetime)
+        self.num_applied = 0  # optimizer steps applied (lifetime): the warm-up's position
+        self.lr_scale = 1.0  # a caller's schedule (e.g. cosine over a wall-clock budget), times the warm-up
 
     @property
     def adapter(self) -> FlowMatchingObjective:  # the seed's name for the objective
@@ -132,7 +135,17 @@ class PolicyUpdate:
             if not torch.isfinite(full_value(norm)):
                 self.optimizer.zero_grad(set_to_none=True)
                 return False
-        self.optimizer.step()
+        scale = self.lr_scale * (min(1.0, (self.num_applied + 1) / c.warmup_steps) if c.warmup_steps > 0 else 1.0)
+        if scale != 1.0:  # multiplies whatever lr a scheduler set, for this step only
+            lrs = [g["lr"] for g in self.optimizer.param_groups]
+            for g in self.optimizer.param_groups:
+                g["lr"] *= scale
+            self.optimizer.step()
+            for g, lr in zip(self.optimizer.param_groups, lrs):
+                g["lr"] = lr
+        else:
+            self.optimizer.step()
+        self.num_applied += 1
         with torch.no_grad():
             for p, m in zip(self.params, self.masters):
                 if m is not p:
@@ -212,7 +225,7 @@ class PolicyUpdate:
     def state_dict(self) -> dict[str, Any]:
         """Optimizer state and both RNGs (resume)."""
         return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-                "rng": self.rng.bit_generator.state, "num_skipped": self.num_skipped}
+                "rng": self.rng.bit_generator.state, "num_skipped": self.num_skipped, "num_applied": self.num_applied}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -221,3 +234,4 @@ class PolicyUpdate:
         self.generator.set_state(st["generator"])
         self.rng.bit_generator.state = st["rng"]
         self.num_skipped = int(st.get("num_skipped", 0))
+        self.num_applied = int(st.get("num_applied", 0))

@@ -136,18 +136,28 @@ def demo_norm_stats(demos: Sequence[tuple[Episode, np.ndarray]]) -> NormStats:
     return {"state": st(states, 0.1), "actions": st(acts, 0.05)}
 
 
-def evaluate(runner: RolloutRunner, policy: PI0Policy, states: Sequence[tuple[int, int]], repeats: int = 1,
-             seed: int = 0, guidance: float | None = None) -> float:
-    """Success rate of ``policy`` on ``states`` x ``repeats`` (``guidance`` temporarily overrides w)."""
+def evaluate_episodes(runner: RolloutRunner, policy: PI0Policy, states: Sequence[tuple[int, int]],
+                      repeats: int = 1, seed: int = 0, guidance: float | None = None) -> np.ndarray:
+    """Success (0/1) of ``policy`` on each of ``states`` x ``repeats``, in request order ``(len(states) * repeats,)``.
+
+    Each episode's initial noise is keyed to (seed, task, init state, repeat, decision)
+    (:func:`pi0.policies.libero.episode_noise`), so two policies evaluated with one seed see the same noise per
+    episode whatever the batching: their per-episode differences are paired. ``guidance`` temporarily overrides w."""
     old = policy.config.cfg_guidance
     if guidance is not None:
         policy.config.cfg_guidance = float(guidance)
     try:
-        eps = runner.run(list(states), group_size=repeats,
-                         policy=Pi0ChunkPolicy(policy, torch.Generator().manual_seed(seed)))
+        eps = runner.run(list(states), group_size=repeats, policy=Pi0ChunkPolicy(
+            policy, torch.Generator().manual_seed(seed), episode_seed=seed))
     finally:
         policy.config.cfg_guidance = old
-    return float(np.mean([e.success for e in eps]))
+    return np.array([float(e.success) for e in eps])
+
+
+def evaluate(runner: RolloutRunner, policy: PI0Policy, states: Sequence[tuple[int, int]], repeats: int = 1,
+             seed: int = 0, guidance: float | None = None) -> float:
+    """Success rate of ``policy`` on ``states`` x ``repeats`` (:func:`evaluate_episodes`, averaged)."""
+    return float(np.mean(evaluate_episodes(runner, policy, states, repeats, seed, guidance)))
 
 
 def sft(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, steps: int | None = None,
@@ -191,7 +201,8 @@ class Plateau:
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
                    opt_cfg: OptimizerConfig, stop: Plateau | None = None, env: str = "arena") -> str:
     """Cache key of a warm-started checkpoint."""
-    opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr"}  # no value head in SFT: not in the key
+    # no value head in SFT, and no warm-up unless set: neither is in the key (older caches keep their keys)
+    opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr" and not (k == "warmup_steps" and v == 0)}
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, opt,
                        stop.key_fields() if stop else None, "v2-all-dims"] + ([env] if env != "arena" else []),
                       sort_keys=True)
@@ -286,14 +297,15 @@ def success_windows(objective: FlowMatchingObjective, col: Collection) -> list[W
 def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner, sampler: InitStateSampler,
         opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 1.0,
         steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None,
-        sde_step: int = 0, fast_sampling: bool = True) -> PolicyUpdate:
+        sde_step: int = 0, fast_sampling: bool = True, update: PolicyUpdate | None = None) -> PolicyUpdate:
     """Rejection-sampling fine-tuning (RFT) for ``seconds`` of wall-clock: each iteration collects K rollouts from
     each of B init states as the PPO objective does (the same Flow-SDE collector: ``noise_level``, ``sde_step`` as
     ``RLConfig``, the same sampler), adds the successful ones' windows to the demo windows, and takes
     ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no condition, no new demos.
-    ``callback`` gets the iteration's scalars and its ``Collection`` under "collection"."""
-    objective = FlowMatchingObjective(policy)
-    upd = PolicyUpdate(objective, opt_cfg, seed=seed)
+    ``callback`` gets the iteration's scalars and its ``Collection`` under "collection"; ``update`` continues a
+    caller's ``PolicyUpdate`` (its optimizer state and schedule) instead of a fresh one of ``opt_cfg``."""
+    upd = update or PolicyUpdate(FlowMatchingObjective(policy), opt_cfg, seed=seed)
+    objective = upd.objective
     policy.model.enable_fast_sampling(fast_sampling)
     gen = RolloutGenerator(runner, sde_collector(policy, noise_level, sde_step, torch.Generator().manual_seed(seed)),
                            sampler, group_size, dynamic_sampling=False, max_attempts=1)

@@ -427,7 +427,12 @@ class _Run:
     def decide(self, need: list[_Slot]) -> None:
         """ONE ``policy.predict_chunks`` call for the observations of every slot in ``need``."""
         t0 = time.perf_counter()
-        out = self.policy.predict_chunks([s.obs for s in need], [s.prompt for s in need])
+        obs, prompts = [s.obs for s in need], [s.prompt for s in need]
+        if getattr(self.policy, "keyed", False):  # the policy draws each row's noise from the episode's own key
+            keys = [(*s.request.key, len(s.decisions)) for s in need]
+            out = self.policy.predict_chunks(obs, prompts, keys=keys)
+        else:
+            out = self.policy.predict_chunks(obs, prompts)
         self.stats.policy_time += time.perf_counter() - t0
         if not isinstance(out, PolicyOutput):
             raise TypeError(f"policy must return PolicyOutput, got {type(out).__name__}")

@@ -2,7 +2,8 @@
 
 ``TrainConfig`` has the sections ``algo`` (the RIPT settings: :class:`pi0.ript.trainer.RLConfig`, with its
 ``opt`` :class:`OptimizerConfig`), ``task`` (env / suite / task ids / checkpoint / init-state split), ``env`` (the
-rollout :class:`pi0.rollout.config.RunnerConfig` + arena settings), ``distributed``, ``features`` and ``logging``.
+rollout :class:`pi0.rollout.config.RunnerConfig` + arena settings), ``distributed``, ``features``, ``baseline``
+(continued SFT beside RL) and ``logging``.
 :func:`load_config` merges a YAML file and ``key=value`` overrides onto the defaults and raises
 :class:`pi0.errors.UserError` naming the key and what is allowed for an unknown key, a wrong type, an
 out-of-range value, a task id the suite lacks or a missing checkpoint -- before any work starts. A stage script
@@ -56,6 +57,8 @@ class TaskConfig:
     warm_start_patience: int = 0
     warm_start_every: int = 250
     warm_start_val_states: int = 50
+    warm_start_smooth: int = 1  # the plateau's criterion: the mean of the last n validation checks (1: each check)
+    warm_start_threads: int = 0  # torch threads while the start trains alone (0: every core), then ``threads``
 
 
 @dataclass
@@ -94,6 +97,17 @@ class FeatureFlags:
 
 
 @dataclass
+class BaselineConfig:
+    """Continued SFT beside the RL run (``pi0.ript.sft_baseline``), from the same warm start and on its demos, for the
+    same wall-clock: it trains only while RL trains, is snapshotted at RL's evaluations and scored on the same
+    held-out states with the same per-episode noise (single process; the arena / MetaWorld warm start)."""
+
+    sft: bool = False
+    sft_lr: float = 1e-3
+    warmup_steps: int = 50  # its fresh AdamW's linear lr warm-up (OptimizerConfig.warmup_steps)
+
+
+@dataclass
 class DistributedConfig:
     """torchrun settings (world size / rank come from torchrun's environment)."""
 
@@ -123,6 +137,7 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     features: FeatureFlags = field(default_factory=FeatureFlags)
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     device: str = "cpu"  # "cpu" | "cuda" (each rank takes cuda:<LOCAL_RANK>)
     threads: int = 1  # torch CPU threads per process
@@ -164,7 +179,11 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_patience": (lambda v: v >= 0, ">= 0 (0 = a fixed number of SFT steps)"),
     "task.warm_start_every": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_val_states": (lambda v: v >= 1, ">= 1"),
+    "task.warm_start_smooth": (lambda v: v >= 1, ">= 1"),
+    "task.warm_start_threads": (lambda v: v >= 0, ">= 0 (0: every core)"),
     "env.resolution": (lambda v: v >= 16, ">= 16"),
+    "baseline.sft_lr": (lambda v: v > 0.0, "> 0"),
+    "baseline.warmup_steps": (lambda v: v >= 0, ">= 0"),
     "features.history_reprobe_after": (lambda v: v >= 1, ">= 1"),
     "distributed.backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
     "distributed.counter": (lambda v: v in COUNTERS, f"one of {COUNTERS}"),
@@ -253,6 +272,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Range / choice checks, task ids and the checkpoint path (raises UserError naming the key)."""
     check_ranges(cfg)
     _check_tasks(cfg)
+    if cfg.baseline.sft and (cfg.task.checkpoint or cfg.task.env == "libero"):
+        raise UserError("baseline.sft=true continues SFT on the tiny warm start's demos (task.env=arena or metaworld, "
+                        "no task.checkpoint); set baseline.sft=false")
+    if cfg.baseline.sft and not (cfg.algo.eval_every and cfg.task.eval_states):
+        raise UserError("baseline.sft=true is scored at RL's held-out evaluations: set algo.eval_every >= 1 and "
+                        "task.eval_states >= 1")
+    if cfg.baseline.sft and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("baseline.sft=true runs continued SFT beside a single-process job; under torchrun set "
+                        "baseline.sft=false")
     if cfg.task.checkpoint:
         from pi0.policies.loading import check_checkpoint
 

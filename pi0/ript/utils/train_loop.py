@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import random
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from pi0.ript.algos.rl_optimizers.store_counter import StoreGlobalCounter
 from pi0.ript.checkpoint import latest_checkpoint, load_train_state, save_checkpoint
 from pi0.ript.config.schema import StageRules, TrainConfig, save_config
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
-from pi0.ript.trainer import RIPTTrainer
+from pi0.ript.trainer import EVAL_SEED, RIPTTrainer
 from pi0.ript.update import OptimizerConfig
 from pi0.ript.utils.dist_utils import (DistInfo, DistributedStatsSynchronizer, barrier, cleanup_distributed,
                                        setup_distributed, shard_tasks_across_gpus)
@@ -57,23 +58,35 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
     if t.env == "libero":
         from pi0.policies.presets import tiny_policy
         return tiny_policy().to(info.device)
+    policy = None
+    for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
+        if info.is_main == turn:
+            policy, _ = tiny_warm_start(cfg)
+        barrier(info)
+    return policy.to(info.device)
+
+
+def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
+    """The tiny arena / MetaWorld warm start of ``cfg.task`` (cached under ``<out_dir>/cache``) and its demo windows
+    (the RL job's start, and the data of the continued-SFT baseline)."""
     from pi0.ript.warm_start import Plateau, TinyArenaConfig, cached_warm_start
 
+    t = cfg.task
     tiny = TinyArenaConfig(max_token_len=32) if t.env == "metaworld" else TinyArenaConfig()  # MT10's longer prompts
-
     demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
     stop = None
     if t.warm_start_patience > 0:
         val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
-        stop = Plateau(val, every=t.warm_start_every, patience=t.warm_start_patience)
-    cache = Path(cfg.logging.out_dir) / "cache"
-    policy = None
-    for turn in (True, False):  # rank 0 computes + caches, then the others load the cache
-        if info.is_main == turn:
-            policy, _, _ = cached_warm_start(tiny, demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
-                                             cache_dir=cache, resolution=cfg.env.resolution, stop=stop, env=t.env)
-        barrier(info)
-    return policy.to(info.device)
+        stop = Plateau(val, every=t.warm_start_every, patience=t.warm_start_patience, smooth=t.warm_start_smooth)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(t.warm_start_threads or os.cpu_count() or 1)  # it trains alone (other ranks wait)
+    try:
+        policy, windows, _ = cached_warm_start(tiny, demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
+                                               cache_dir=Path(cfg.logging.out_dir) / "cache",
+                                               resolution=cfg.env.resolution, stop=stop, env=t.env)
+    finally:
+        torch.set_num_threads(threads)
+    return policy, windows
 
 
 def build_runner(cfg: TrainConfig, record_video: bool = False) -> RolloutRunner:
@@ -137,19 +150,67 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
     return out
 
 
-def plot_curve(curve: list[dict[str, float]], path: Path) -> Path:
-    """PNG of rollout / held-out success against iteration."""
+def held_out_outcomes(trainer: RIPTTrainer, policy: PI0Policy | None = None) -> np.ndarray:
+    """Per-episode held-out success ``(states x repeats,)`` of ``policy`` (default: the trainer's), with the
+    trainer's evaluation seed: every policy scored this way sees the same noise per episode (paired)."""
+    from pi0.ript.warm_start import evaluate_episodes
+
+    return evaluate_episodes(trainer.runner, policy or trainer.policy, trainer.eval_states, trainer.cfg.eval_repeats,
+                             seed=EVAL_SEED)
+
+
+def baseline_summary(trainer: RIPTTrainer, curve: list[dict[str, float]], marks: list[dict[str, Any]],
+                     rl_final: np.ndarray | None, sft_log: dict, run_dir: Path) -> dict[str, Any]:
+    """Score the continued-SFT snapshots beside RL's evaluations -> summary.json's fields (before, rl, sft at the
+    last mark, the paired RL − SFT difference, both curves against the arms' shared training minutes)."""
+    from pi0.evaluation.paired import paired_difference
+
+    sft_curve, sft_final = [], None
+    for m in marks:
+        sft_final = held_out_outcomes(trainer, PI0Policy.from_pretrained(m["snapshot"]))
+        sft_curve.append({"iteration": m["iteration"], "minutes": m["minutes"],
+                          "eval_success_rate": float(sft_final.mean())})
+    start = next((c["eval_success_rate"] for c in curve if c.get("iteration") == 0.0), None)
+    rl_curve = [{"iteration": c["iteration"], "minutes": c["minutes"], "eval_success_rate": c["eval_success_rate"]}
+                for c in curve if "minutes" in c and "eval_success_rate" in c]
+    (run_dir / "sft_curve.json").write_text(json.dumps(sft_curve, indent=1))
+    out: dict[str, Any] = {"before": start, "rl": None, "sft": None, "train_minutes": marks[-1]["minutes"] if marks
+                           else 0.0, "held_out_episodes": 0, "rl_curve": rl_curve, "sft_curve": sft_curve,
+                           "sft_steps": sft_log.get("steps"), "rl_iterations": trainer.iteration}
+    if rl_final is not None and sft_final is not None:
+        mean, se = paired_difference(rl_final, sft_final)
+        out.update(rl=float(rl_final.mean()), sft=float(sft_final.mean()), held_out_episodes=len(rl_final),
+                   rl_minus_sft={"mean": mean, "se": se})
+    return out
+
+
+def plot_curve(curve: list[dict[str, float]], path: Path, summary: dict[str, Any] | None = None) -> Path:
+    """PNG of rollout / held-out success against iteration; with a continued-SFT baseline (``summary``), held-out
+    success of RL and SFT with binomial error bars against the minutes they trained side by side."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    roll = [c for c in curve if "success_rate" in c]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([c["iteration"] for c in roll], [c["success_rate"] for c in roll], "o-", label="rollout success")
-    if any("eval_success_rate" in c for c in curve):
-        ax.plot([c["iteration"] for c in curve if "eval_success_rate" in c],
-                [c["eval_success_rate"] for c in curve if "eval_success_rate" in c], "s-", label="held-out success")
-    ax.set(xlabel="iteration", ylabel="success", ylim=(-0.05, 1.05))
+    from pi0.evaluation.paired import rate_se
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    if summary is not None:
+        n = summary["held_out_episodes"]
+        for name, key, fmt in (("RL (LOOP)", "rl_curve", "o-"), ("continued SFT", "sft_curve", "s-")):
+            pts = summary[key]
+            xs = [0.0] + [p["minutes"] for p in pts]
+            ys = [summary["before"]] + [p["eval_success_rate"] for p in pts]
+            ax.errorbar(xs, ys, yerr=[rate_se(y, n) for y in ys], fmt=fmt, capsize=2, label=name)
+        ax.set(xlabel="training minutes (RL and SFT side by side)", ylabel=f"held-out success ({n} episodes)",
+               ylim=(-0.05, 1.05))
+    else:
+        roll = [c for c in curve if "success_rate" in c]
+        ax.plot([c["iteration"] for c in roll], [c["success_rate"] for c in roll], "o-", label="rollout success")
+        if any("eval_success_rate" in c for c in curve):
+            ax.plot([c["iteration"] for c in curve if "eval_success_rate" in c],
+                    [c["eval_success_rate"] for c in curve if "eval_success_rate" in c], "s-",
+                    label="held-out success")
+        ax.set(xlabel="iteration", ylabel="success", ylim=(-0.05, 1.05))
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -196,6 +257,10 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         raise UserError(f"--resume: no complete checkpoint under {run_dir}/checkpoints; run without --resume first")
+    if resume and cfg.baseline.sft:
+        raise UserError("--resume with baseline.sft=true: the continued-SFT baseline cannot resume (it would restart "
+                        "from the warm start); resume with baseline.sft=false")
+    t_job = time.perf_counter()
     seed_everything(cfg.algo.seed + 1000 * info.rank)
     if info.is_main:
         save_config(cfg, run_dir / "config.yaml")
@@ -221,6 +286,15 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             if info.is_main:
                 print(f"iter 0: held-out success {ev:.2f} ({int(n)} episodes, before RL)", flush=True)
         trainer.curve = curve
+        every = cfg.algo.eval_every
+        base = None
+        if cfg.baseline.sft and info.is_main:  # continued SFT beside RL (pi0.ript.sft_baseline); the loop evaluates
+            from pi0.ript.sft_baseline import SFTBaseline
+            trainer.cfg = dataclasses.replace(trainer.cfg, eval_every=0)
+            base = SFTBaseline(run_dir)
+        marks: list[dict[str, Any]] = []  # RL's evaluations beside the baseline: iteration, minutes, SFT snapshot
+        rl_final: np.ndarray | None = None
+        train_s, t_mark = 0.0, time.perf_counter()
         bar = None
         if info.is_main and cfg.logging.progress:
             from tqdm import tqdm
@@ -228,6 +302,15 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
         while trainer.iteration < cfg.algo.iterations:
             it = trainer.iteration + 1
             st = trainer.step()  # collect, advantages, windows, update, evaluate (pi0.ript.trainer)
+            if base is not None and every and (it % every == 0 or it == cfg.algo.iterations):
+                train_s += time.perf_counter() - t_mark  # both arms trained this long since the last mark
+                snap = base.pause(len(marks))
+                rl_final = held_out_outcomes(trainer)
+                st["eval/success_rate"] = float(rl_final.mean())
+                marks.append({"iteration": float(it), "minutes": train_s / 60, "snapshot": snap})
+                if it < cfg.algo.iterations:  # after the last mark neither arm trains
+                    base.resume(len(marks) - 1)
+                t_mark = time.perf_counter()
             if trainer.rollouts.history is not None:
                 trainer.rollouts.history.save(history_path(run_dir, info))
             with warnings.catch_warnings():  # no optimizer step happened when every group was filtered
@@ -236,6 +319,8 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             g = global_stats(st, trainer, sync)
             g["iteration"] = float(it)
             g["lr"] = sched.get_last_lr()[0]
+            if marks and marks[-1]["iteration"] == it:
+                g["minutes"] = marks[-1]["minutes"]
             trainer.curve = curve = [c for c in curve if c["iteration"] < it] + [g]
             if info.is_main and cfg.features.enable_global_counter and cfg.distributed.counter == "file":
                 FileGlobalCounter(run_dir / "counters" / f"iter_{it:05d}").cleanup()  # every rank is past collection
@@ -261,15 +346,29 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
                 save_checkpoint(run_dir, trainer, sched, info)
         if bar:
             bar.close()
+        summary = None
+        if base is not None:
+            sft_log = base.close()
+            summary = baseline_summary(trainer, curve, marks, rl_final, sft_log, run_dir)
+            for pt in summary["sft_curve"]:
+                writer.add_scalar("baseline_sft/eval_success_rate", pt["eval_success_rate"], int(pt["iteration"]))
         save_policy(policy, run_dir / "final", info)  # every rank: gathers FSDP2 shards, rank 0 writes
         with gathered(policy.model):  # FSDP2: every rank gathers, rank 0 records the videos
             if info.is_main and cfg.features.save_video and cfg.logging.num_videos:
                 write_videos(cfg, policy, trainer, run_dir / "videos")
         if info.is_main:
             if cfg.logging.plot and curve:
-                plot_curve(curve, run_dir / "success.png")
+                plot_curve(curve, run_dir / "success.png", summary)
+            if summary is not None:
+                summary["minutes"] = (time.perf_counter() - t_job) / 60
+                (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+                print(f"held-out success: before {summary['before']:.2f}, RL {summary['rl']:.2f}, continued SFT "
+                      f"{summary['sft']:.2f} after {summary['train_minutes']:.1f} min side by side; RL - SFT "
+                      f"{summary['rl_minus_sft']['mean']:+.2f} +- {summary['rl_minus_sft']['se']:.2f} (paired, "
+                      f"{summary['held_out_episodes']} episodes); job {summary['minutes']:.1f} min", flush=True)
             writer.close()
             print(f"run dir {run_dir}: config.yaml, curve.json, tb/, final/"
+                  + (", summary.json, sft_baseline/" if summary is not None else "")
                   + (", history.json" if trainer.rollouts.history is not None else "")
                   + (", success.png" if cfg.logging.plot else "") + (", videos/" if cfg.features.save_video else "")
                   + (", checkpoints/" if cfg.features.save_resume_state else ""), flush=True)

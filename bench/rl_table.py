@@ -1,0 +1,85 @@
+r"""The table of RL bench runs (``bench/rl_improvement.py`` reports): one row per independent run, replays refused.
+
+A run is a seed: two reports of the same env, task(s) and seed are the same run replayed (the bench is
+deterministic up to where its wall-clock ends), so the table refuses them instead of counting them twice. It also
+refuses a report whose settings were not chosen on validation states (no ``--tuned``), unless ``--allow_untuned``.
+Each row gives RL − the stronger baseline with the standard error of the paired difference (same held-out states,
+same per-episode noise); the last line is the mean over runs with the standard error across runs.
+
+    .venv/bin/python bench/rl_table.py runs/bench_rl/seed*/rl_improvement.json --out bench/results/rl_table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def run_id(rep: dict) -> tuple:
+    """What makes a run independent: (env, task ids, seed)."""
+    c = rep["config"]
+    return c["env"], tuple(c["task"]), c["seed"]
+
+
+def check_runs(reports: dict[str, dict], allow_untuned: bool = False) -> None:
+    """One-line errors for a replayed seed, an untuned run or a report without paired outcomes."""
+    seen: dict[tuple, str] = {}
+    for path, rep in reports.items():
+        if "paired" not in rep:
+            raise SystemExit(f"error: {path}: no paired outcomes (a report of an older bench); rerun it")
+        if not rep.get("tuned") and not allow_untuned:
+            raise SystemExit(f"error: {path}: its settings were not chosen on validation states (run with --tuned "
+                             f"<tune.json>, or pass --allow_untuned)")
+        rid = run_id(rep)
+        if rid in seen:
+            raise SystemExit(f"error: {path} replays {seen[rid]} (env {rid[0]}, task {list(rid[1])}, seed {rid[2]}): "
+                             f"a replay of a seed is not a second run")
+        seen[rid] = path
+
+
+def table(reports: dict[str, dict]) -> str:
+    """Markdown: one row per run, then the mean paired difference over runs ± its SE across runs."""
+    head = ("| env | task | seed | start N | start steps | plateau (val) | before | RL | SFT | RFT | RL − best baseline "
+            "(paired ± SE) | RL iterations | minutes | load before → after | goal met |")
+    rows = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    diffs = []
+    for rep in sorted(reports.values(), key=run_id):
+        c, st, d = rep["config"], rep["start"], rep["paired"][f"rl-{rep['baseline']}"]
+        diffs.append(d["mean"])
+        rows.append(f"| {c['env']} | {','.join(map(str, c['task']))} | {c['seed']} | {st['demos']} | {st['steps']} | "
+                    f"{st['plateau']:.3f} | {rep['before']:.3f} | {rep['after']:.3f} | {rep['sft']:.3f} | "
+                    f"{rep['rft']:.3f} | {d['mean']:+.3f} ± {d['se']:.3f} ({rep['baseline'].upper()}) | "
+                    f"{rep['rl_iterations']} | {rep['minutes']:.1f} | {rep['load_before'][0]:.1f} → "
+                    f"{rep['load_after'][0]:.1f} | {'yes' if rep['goal_met'] else 'no'} |")
+    n = len(diffs)
+    mean = sum(diffs) / n
+    spread = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    rows.append(f"\n{n} independent run(s): mean RL − best baseline {mean:+.3f} ± {spread:.3f} (SE across runs)")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Load, check and print the table."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("reports", nargs="+", help="rl_improvement.json reports")
+    p.add_argument("--allow_untuned", action="store_true", help="count reports run without --tuned")
+    p.add_argument("--out", default="", help="also write the markdown table here")
+    args = p.parse_args(argv)
+    reports = {}
+    for path in args.reports:
+        if not Path(path).is_file():
+            raise SystemExit(f"error: {path}: no such report")
+        reports[path] = json.loads(Path(path).read_text())
+    check_runs(reports, args.allow_untuned)
+    text = table(reports)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    main()

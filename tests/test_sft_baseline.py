@@ -1,0 +1,55 @@
+"""Continued SFT beside RL (``baseline.sft``, what ``make run`` plots): a real subprocess trains from the same warm
+start between RL's evaluations, its snapshots are scored on RL's held-out episodes, and summary.json pairs them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_TRAIN
+from pi0.errors import UserError
+from pi0.ript.config import load_config
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_sft_baseline_beside_rl_writes_paired_summary_and_plot(tmp_path):
+    from pi0.ript.utils.train_loop import train
+
+    cfg = load_config("debug_train_pi0", TINY_TRAIN + [f"logging.out_dir={tmp_path}", "algo.iterations=3",
+                                                       "algo.eval_every=2", "baseline.sft=true",
+                                                       "baseline.sft_lr=1e-3", "baseline.warmup_steps=0"])
+    curve = train(cfg)
+    run = tmp_path / "debug_train_pi0"
+    s = json.loads((run / "summary.json").read_text())
+    # marks at RL's evaluations: iteration 2 and the last one (3); SFT scored at each, on the same 2 episodes
+    assert [p["iteration"] for p in s["sft_curve"]] == [2.0, 3.0] == [p["iteration"] for p in s["rl_curve"]]
+    assert s["held_out_episodes"] == 2 and s["rl_iterations"] == 3
+    assert s["rl_curve"][-1]["eval_success_rate"] == s["rl"] == curve[-1]["eval_success_rate"]
+    assert s["before"] == curve[0]["eval_success_rate"]
+    assert 0 < s["sft_curve"][0]["minutes"] < s["sft_curve"][1]["minutes"] <= s["train_minutes"] + 1e-9
+    assert s["rl_minus_sft"]["mean"] == pytest.approx(s["rl"] - s["sft"])
+    assert s["minutes"] >= s["train_minutes"]
+    # the SFT process trained between the marks (and from the same start as RL)
+    log = json.loads((run / "sft_baseline" / "log.json").read_text())
+    assert 0 < log["snapshots"][0]["steps"] < log["snapshots"][1]["steps"] == log["steps"]
+    start = _weights(next((tmp_path / "cache" / "ript_warm_start").iterdir()))
+    snap = _weights(run / "sft_baseline" / "snap_1")
+    assert start.keys() == snap.keys()
+    assert any(not torch.equal(start[k], snap[k]) for k in start)
+    assert (run / "success.png").is_file() and (run / "sft_curve.json").is_file()
+
+
+@pytest.mark.parametrize("override, words", [
+    (["baseline.sft=true", "task.env=libero"], "baseline.sft=true continues SFT on the tiny warm start"),
+    (["baseline.sft_lr=0"], "baseline.sft_lr=0"),
+    (["baseline.sft=true", "algo.eval_every=0"], "set algo.eval_every >= 1"),
+])
+def test_sft_baseline_config_errors(override, words):
+    with pytest.raises(UserError, match=words):
+        load_config("debug_train_pi0", override, check_paths=True)
