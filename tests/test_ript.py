@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from pi0.errors import UserError
 from pi0.models.flow import cfg_combine
 from pi0.modeling_pi0 import PI0Policy
 from pi0.rollout import ArenaExpertPolicy, DecisionPoint, Episode
@@ -406,7 +407,7 @@ def test_smoothed_plateau_ignores_a_lucky_check_and_a_capped_start_is_an_error()
             assert torch.equal(v, snaps[5][n]), n
         # still improving when the cap comes: not converged by its own rule
         ws.evaluate = scripted([0.1, 0.2, 0.3])
-        with pytest.raises(RuntimeError, match="did not converge"):
+        with pytest.raises(UserError, match="did not converge"):
             sft_to_plateau(pol, windows, OptimizerConfig(lr=1e-2, minibatch_size=8), 6,
                            Plateau([(4, 9)], every=2, patience=2, require_convergence=True), runner, log=False)
     finally:

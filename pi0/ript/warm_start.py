@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pi0.errors import UserError
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy, PolicyConfig
@@ -243,8 +244,9 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
                 break
     else:
         if stop.require_convergence and since < stop.patience:
-            raise RuntimeError(f"the SFT start did not converge: the step cap {max_steps} came after {since} of "
-                               f"{stop.patience} patience checks without a gain; raise the cap (sft_steps)")
+            raise UserError(f"the SFT start did not converge: the step cap {max_steps} came after {since} of "
+                            f"{stop.patience} patience checks without a gain; raise the cap (--sft_steps, "
+                            f"task.warm_start_steps)")
     if best_state is not None:
         policy.model.load_state_dict(best_state)
     policy.eval()

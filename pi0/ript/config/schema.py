@@ -53,7 +53,8 @@ class TaskConfig:
     warm_start_steps: int = 300  # most SFT steps of the warm start (0: start from the random tiny pi0)
     # > 0: a converged start: SFT until success on the validation init states
     # train_states..train_states+warm_start_val_states-1 has not improved for this many checks, every
-    # warm_start_every steps, keeping the best weights (pi0.ript.warm_start.Plateau); 0 = warm_start_steps steps
+    # warm_start_every steps, keeping the best weights (pi0.ript.warm_start.Plateau; reaching warm_start_steps
+    # first is an error: the start would not be converged by its rule); 0 = warm_start_steps steps
     warm_start_patience: int = 0
     warm_start_every: int = 250
     warm_start_val_states: int = 50

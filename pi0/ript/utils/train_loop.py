@@ -77,7 +77,8 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
     stop = None
     if t.warm_start_patience > 0:
         val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
-        stop = Plateau(val, every=t.warm_start_every, patience=t.warm_start_patience, smooth=t.warm_start_smooth)
+        stop = Plateau(val, every=t.warm_start_every, patience=t.warm_start_patience, smooth=t.warm_start_smooth,
+                       require_convergence=True)  # a start that reaches warm_start_steps first is an error
     threads = torch.get_num_threads()
     torch.set_num_threads(t.warm_start_threads or os.cpu_count() or 1)  # it trains alone (other ranks wait)
     try:
