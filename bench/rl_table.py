@@ -56,8 +56,11 @@ def table(reports: dict[str, dict]) -> str:
                     f"{rep['load_after'][0]:.1f} | {'yes' if rep['goal_met'] else 'no'} |")
     n = len(diffs)
     mean = sum(diffs) / n
-    spread = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n) if n > 1 else float("nan")
-    rows.append(f"\n{n} independent run(s): mean RL − best baseline {mean:+.3f} ± {spread:.3f} (SE across runs)")
+    if n > 1:
+        spread = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n)
+        rows.append(f"\n{n} independent runs: mean RL − best baseline {mean:+.3f} ± {spread:.3f} (SE across runs)")
+    else:
+        rows.append(f"\n1 independent run: RL − best baseline {mean:+.3f} (no spread across runs from one run)")
     return "\n".join(rows)
 
 

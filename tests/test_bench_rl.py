@@ -162,5 +162,6 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     text = table_main([str(paths[0]), str(paths[1]), "--out", str(tmp_path / "t.md")])
     # seed 0: d = 0 1 0 0 -> +0.250 ± 0.250; seed 1: d = 1 0 0 1 -> +0.500 ± 0.289; across runs 0.375 ± 0.125
     assert "+0.250 ± 0.250 (SFT)" in text and "+0.500 ± 0.289 (SFT)" in text
-    assert "2 independent run(s): mean RL − best baseline +0.375 ± 0.125" in text
+    assert "2 independent runs: mean RL − best baseline +0.375 ± 0.125" in text
+    assert "1 independent run: RL − best baseline +0.250" in table_main([str(paths[0])])
     assert (tmp_path / "t.md").read_text().strip() == text.strip()
