@@ -159,22 +159,19 @@ class FlowMatchingObjective:
     def attach_prefixes(self, windows: Sequence[Window], batch_size: int = 32) -> bool:
         """With a frozen prefix (``trainable=expert``): run it once per window without gradient, in batches, and keep
         its kv cache in the window ("_prefix"), so that every epoch's minibatches run the action expert only (the
-        same loss values: ``PI0Model.predict_velocity(prefix=)``). A cache made under other prefix weights is
-        recomputed. -> False (nothing attached) when the prefix trains or a cache cannot serve this objective."""
+        same loss values: ``PI0Model.predict_velocity(prefix=)``). The caller detaches them after its update
+        (:meth:`detach_prefixes`), so a cache never outlives the weights it was made with. -> False (nothing
+        attached) when the prefix trains or a cache cannot serve this objective."""
         model = self.policy.model
         if not windows or not model.prefix_frozen() or (model.cfg.pi05 and model.cfg.value_head):
             return False
-        frozen = model.paligemma_with_expert.paligemma.parameters()
-        version = hash(tuple((p.data_ptr(), p._version) for p in frozen))
-        todo = [w for w in windows if w.get("_prefix_version") != version]
         with torch.no_grad():
-            for i in range(0, len(todo), batch_size):
-                chunk = todo[i: i + batch_size]
+            for i in range(0, len(windows), batch_size):
+                chunk = windows[i: i + batch_size]
                 b = FlowMatchingObjective.collate(self, chunk)
                 cache, pad = model.encode_prefix(b["images"], b["img_masks"], b["lang_tokens"], b["lang_masks"])
                 for j, w in enumerate(chunk):
                     w["_prefix"] = ([(k[j], v[j]) for k, v in cache], pad[j])
-                    w["_prefix_version"] = version
         if len({tuple(w["_prefix"][1].shape) for w in windows}) != 1:  # prefixes of different lengths: no batching
             self.detach_prefixes(windows)
             return False
@@ -185,7 +182,6 @@ class FlowMatchingObjective:
         """Drop the kv caches of :meth:`attach_prefixes` (the windows' memory back)."""
         for w in windows:
             w.pop("_prefix", None)
-            w.pop("_prefix_version", None)
 
     # ------------------------------------------------------------------ batches and loss
     def collate(self, windows: Sequence[Window]) -> dict[str, torch.Tensor]:
