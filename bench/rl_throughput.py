@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cfg.json_out:
         Path(cfg.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json_out).write_text(json.dumps(out, indent=1))
-    new = results.get("fast") or results[[p for p in paths if p != "baseline"][-1] if len(paths) > 1 else paths[0]]
+    new = results.get("fast") or results[next((p for p in reversed(paths) if p != "baseline"), paths[0])]
     base = results.get("baseline")
     base_s = base["iter_s"] if base else float("nan")
     print(f"env={cfg.env} iter_s={new['iter_s']:.3f} baseline_iter_s={base_s:.3f} ratio={base_s / new['iter_s']:.2f} "

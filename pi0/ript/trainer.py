@@ -33,7 +33,7 @@ from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective,
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.ript.utils.dist_utils import DistInfo
 from pi0.ript.utils.fsdp import gathered, shard_model
-from pi0.ript.warm_start import evaluate
+from pi0.ript.warm_start import evaluate_episodes
 
 
 @dataclass
@@ -166,9 +166,19 @@ class RIPTTrainer:
 
     def evaluate(self, guidance: float | None = None, repeats: int | None = None) -> float:
         """Success rate on the held-out states with the deterministic sampler (the policy's w unless ``guidance``)."""
-        with gathered(self.policy.model):  # FSDP2: rank-local sampling on gathered weights (every rank calls this)
-            return evaluate(self.runner, self.policy, self.eval_states, repeats or self.cfg.eval_repeats, seed=EVAL_SEED,
-                            guidance=guidance) if self.eval_states else 0.0
+        out = self.evaluate_outcomes(guidance=guidance, repeats=repeats)
+        return float(np.mean(out)) if len(out) else 0.0
+
+    def evaluate_outcomes(self, policy: PI0Policy | None = None, guidance: float | None = None,
+                          repeats: int | None = None) -> np.ndarray:
+        """Per-episode held-out success ``(states x repeats,)`` of ``policy`` (default: the trained one) with the
+        evaluation seed: every policy scored here meets the same noise per episode (paired)."""
+        policy = policy or self.policy
+        with gathered(policy.model):  # FSDP2: rank-local sampling on gathered weights (every rank calls this)
+            if not self.eval_states:
+                return np.zeros(0)
+            return evaluate_episodes(self.runner, policy, self.eval_states, repeats or self.cfg.eval_repeats,
+                                     seed=EVAL_SEED, guidance=guidance)
 
     def step(self) -> dict[str, float]:
         """One iteration (module docstring) -> its scalars."""

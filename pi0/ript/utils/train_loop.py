@@ -33,7 +33,7 @@ from pi0.ript.algos.rl_optimizers.store_counter import StoreGlobalCounter
 from pi0.ript.checkpoint import latest_checkpoint, load_train_state, save_checkpoint
 from pi0.ript.config.schema import StageRules, TrainConfig, save_config
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
-from pi0.ript.trainer import EVAL_SEED, RIPTTrainer
+from pi0.ript.trainer import RIPTTrainer
 from pi0.ript.update import OptimizerConfig
 from pi0.ript.utils.dist_utils import (DistInfo, DistributedStatsSynchronizer, barrier, cleanup_distributed,
                                        setup_distributed, shard_tasks_across_gpus)
@@ -151,15 +151,6 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
     return out
 
 
-def held_out_outcomes(trainer: RIPTTrainer, policy: PI0Policy | None = None) -> np.ndarray:
-    """Per-episode held-out success ``(states x repeats,)`` of ``policy`` (default: the trainer's), with the
-    trainer's evaluation seed: every policy scored this way sees the same noise per episode (paired)."""
-    from pi0.ript.warm_start import evaluate_episodes
-
-    return evaluate_episodes(trainer.runner, policy or trainer.policy, trainer.eval_states, trainer.cfg.eval_repeats,
-                             seed=EVAL_SEED)
-
-
 def baseline_summary(trainer: RIPTTrainer, curve: list[dict[str, float]], marks: list[dict[str, Any]],
                      rl_final: np.ndarray | None, sft_log: dict, run_dir: Path) -> dict[str, Any]:
     """Score the continued-SFT snapshots beside RL's evaluations -> summary.json's fields (before, rl, sft at the
@@ -168,7 +159,7 @@ def baseline_summary(trainer: RIPTTrainer, curve: list[dict[str, float]], marks:
 
     sft_curve, sft_final = [], None
     for m in marks:
-        sft_final = held_out_outcomes(trainer, PI0Policy.from_pretrained(m["snapshot"]))
+        sft_final = trainer.evaluate_outcomes(PI0Policy.from_pretrained(m["snapshot"]))
         sft_curve.append({"iteration": m["iteration"], "minutes": m["minutes"],
                           "eval_success_rate": float(sft_final.mean())})
     start = next((c["eval_success_rate"] for c in curve if c.get("iteration") == 0.0), None)
@@ -306,7 +297,7 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             if base is not None and every and (it % every == 0 or it == cfg.algo.iterations):
                 train_s += time.perf_counter() - t_mark  # both arms trained this long since the last mark
                 snap = base.pause(len(marks))
-                rl_final = held_out_outcomes(trainer)
+                rl_final = trainer.evaluate_outcomes()
                 st["eval/success_rate"] = float(rl_final.mean())
                 marks.append({"iteration": float(it), "minutes": train_s / 60, "snapshot": snap})
                 if it < cfg.algo.iterations:  # after the last mark neither arm trains
