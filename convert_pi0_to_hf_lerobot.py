@@ -19,7 +19,7 @@ From a PyTorch checkpoint (openpi's PyTorch format, RLinf's layout, LeRobot's pi
         --output_path ckpts/pi05_rlinf --openpi_config pi05_libero --tokenizer paligemma_tokenizer.model
     python convert_pi0_to_hf_lerobot.py --from lerobot --checkpoint_dir <lerobot pi0 dir> --output_path ckpts/pi0_lr
 
-Norm stats are searched in a stated order (``pi0.conversion.openpi_pytorch.NORM_STATS_ORDER``) unless
+Norm stats are searched in a stated order (``pi0.conversion.foreign_files.NORM_STATS_ORDER``) unless
 ``--norm_stats`` names them. Such a directory also loads directly: ``load_policy(dir, tokenizer=...)``.
 
 A pi0-FAST tree is detected from its parameter names. ``--openpi_config NAME`` (pi0_libero, pi0_fast_libero,

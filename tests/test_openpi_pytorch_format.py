@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import GOLDEN, REPO, model_inputs, need_fixture
-from pi0.conversion.openpi_pytorch import canonical_key, openpi_to_ours, ours_to_openpi
+from pi0.conversion.foreign_keys import canonical_key, openpi_to_ours, ours_to_openpi
 from pi0.errors import UserError, run_cli
 from pi0.policies import load_policy
 
@@ -366,7 +366,7 @@ def test_rl_config_checks_foreign_checkpoints(tmp_path):
 def test_shapes_through_the_key_map_match_openpi_files_and_full_size():
     """openpi's JAX tree through our two key maps gives openpi's PyTorch keys and shapes: equal to the fixture's file
     (tiny) and, at full size (the shared shapes file), a tree whose inferred config is openpi's default pi0 / pi0.5."""
-    from pi0.conversion.openpi_pytorch import infer_config, plan_load
+    from pi0.conversion.foreign_keys import infer_config, plan_load
     from pi0.conversion.zero_checkpoint import openpi_param_shapes, openpi_pytorch_shapes
     from pi0.models.config import Pi0Config
     from pi0.models.pi0 import PI0Model

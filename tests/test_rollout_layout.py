@@ -106,7 +106,7 @@ def test_imports_flow_one_way():
 # it; conversion and serving sit above policies; nothing but the RL entry points imports ript (checked above).
 SHIMS = {"modeling_pi0", "modeling_pi0fast", "libero_policy"}  # public re-export paths, for users only
 # The policy layer's loaders read foreign checkpoint layouts (openpi-PyTorch, RLinf, LeRobot) through
-# pi0.conversion.openpi_pytorch, imported inside the loading functions only: conversion builds policies and imports
+# pi0.conversion (foreign_files, openpi_pytorch), imported inside the loading functions only: conversion builds policies and imports
 # the policy layer at module level, so a function-local import is what keeps the module graph acyclic.
 LAZY_EDGES = {"pi0/policies/pi0.py": {"conversion"}, "pi0/policies/loading.py": {"conversion"}}
 

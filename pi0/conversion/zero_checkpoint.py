@@ -101,7 +101,7 @@ def write_zero_checkpoint(shapes: Shapes, ckpt_dir: Path, dtype: str = "bfloat16
 def openpi_pytorch_shapes(cfg: Pi0Config) -> Shapes:
     """openpi-PyTorch key -> shape for ``cfg``: openpi's JAX tree (``openpi_param_shapes``) through the JAX key map
     (``pi0.conversion.pi0.plan_conversion``) and ``ours_to_openpi``, plus the action expert's unused ``lm_head``."""
-    from pi0.conversion.openpi_pytorch import O_EXPERT_HEAD, ours_to_openpi
+    from pi0.conversion.foreign_keys import O_EXPERT_HEAD, ours_to_openpi
     from pi0.conversion.pi0 import plan_conversion
 
     view = {k: np.broadcast_to(np.zeros((), np.float32), s) for k, s in openpi_param_shapes(cfg).items()}
@@ -117,7 +117,7 @@ def write_zero_openpi_pytorch(cfg: Pi0Config, ckpt_dir: Path, dtype: str = "bflo
     ``assets/<asset_id>/norm_stats.json``."""
     import torch
 
-    from pi0.conversion.openpi_pytorch import O_EMBED, O_LM_HEAD
+    from pi0.conversion.foreign_keys import O_EMBED, O_LM_HEAD
     from pi0.utils.checkpoint_io import SafetensorsWriter
 
     ckpt_dir = Path(ckpt_dir)

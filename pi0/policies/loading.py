@@ -22,7 +22,7 @@ FOREIGN_OPTIONS = ("norm_stats", "tokenizer", "openpi_config", "delta_action_dim
 def model_type_of(directory: str | Path) -> str:
     """'pi0' or 'pi0fast': from <directory>/config.json for our format (missing field = 'pi0'); every foreign
     layout (openpi-PyTorch, RLinf, LeRobot pi0/pi05) is 'pi0'; an unreadable directory gets a one-line UserError."""
-    from pi0.conversion.openpi_pytorch import detect, is_our_policy_dir
+    from pi0.conversion.foreign_files import detect, is_our_policy_dir
 
     path = Path(directory) / "config.json"
     if not is_our_policy_dir(directory):
@@ -59,7 +59,8 @@ def load_policy(directory: str | Path, device: str = "cpu", **overrides: Any) ->
 def check_checkpoint(directory: str | Path, what: str = "checkpoint", **options: Any) -> str:
     """Check that ``directory`` loads as a pi0 / pi0.5 policy, reading headers and small files only -> a one-line
     description; a UserError naming what is wrong otherwise. ``options``: the foreign-layout ones (FOREIGN_OPTIONS)."""
-    from pi0.conversion.openpi_pytorch import find_tokenizer, is_our_policy_dir, plan_foreign
+    from pi0.conversion.foreign_files import find_tokenizer, is_our_policy_dir
+    from pi0.conversion.openpi_pytorch import plan_foreign
     from pi0.errors import require_path
 
     options = {k: v for k, v in options.items() if v not in (None, "")}

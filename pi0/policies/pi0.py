@@ -173,7 +173,8 @@ class PI0Policy(PretrainedPolicy, PolicyIO, nn.Module):
         """Our directory (``PretrainedPolicy.from_pretrained``), or an openpi-PyTorch / RLinf / LeRobot one, told
         apart by its files (``pi0.conversion.openpi_pytorch``); those also take ``norm_stats``, ``tokenizer`` and
         ``openpi_config``; ``delta_action_dims`` and the other ``PolicyConfig`` overrides apply to both."""
-        from pi0.conversion.openpi_pytorch import is_our_policy_dir, load_foreign_policy
+        from pi0.conversion.foreign_files import is_our_policy_dir
+        from pi0.conversion.openpi_pytorch import load_foreign_policy
 
         if is_our_policy_dir(directory):
             foreign = sorted(k for k in ("norm_stats", "tokenizer", "openpi_config") if overrides.get(k) is not None)
