@@ -42,7 +42,7 @@ run: install
 	$(VPY) 11_train_ript_vla_style.py $(RUN_ARGS)
 
 test: install
-	$(VPY) -m pytest -q -ra tests
+	$(VPY) -m pytest -q -ra --durations=25 tests
 
 bench: install
 	$(VPY) bench/sampling.py

@@ -22,7 +22,9 @@ entry of its grid (``--tune_rl``, ``--tune_sft``, ``--tune_rft``: the same numbe
 each arm), scores each arm's final weights on the ``--val_states`` validation states, and writes ``<out>/tune.json``
 with every score and each arm's best entry. Held-out states are not built in that stage. ``--stage report
 --tuned <tune.json>`` runs the arms with those entries and evaluates on held-out states (states 1600-1999 were seen
-by earlier probes, so the held-out default starts at 2000).
+by earlier probes, so the held-out default starts at 2000). ``--stage select --out <report dir>`` then selects each
+arm's checkpoint as early stopping would, every arm alike: each snapshot scored on the validation states, the best
+kept and evaluated on every held-out state (``<out>/selected.json``, paired differences of the selected policies).
 
 Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall-clock, every arm). The last line is
 ``before=<p> after=<p> sft=<p> rft=<p> w1=<p> minutes=<m>`` (w1: the RL policy at w=1; equals ``after`` for ppo).
@@ -47,6 +49,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
@@ -67,6 +70,7 @@ ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_ste
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 SCHEDULES = ("constant", "cosine")
+STAGES = ("tune", "report", "select")
 
 
 @dataclass
@@ -104,7 +108,8 @@ class Config:
     val_states: int = 100
     eval_start: int = 2000  # 1600-1999 were scored by earlier probes of the RL settings: not held out any more
     eval_states: int = 400
-    # tuning: "tune" scores grid points on validation states; "report" evaluates on held-out states
+    # tuning: "tune" scores grid points on validation states; "report" evaluates on held-out states; "select" (after
+    # a report in --out) picks each arm's snapshot by validation success and evaluates that one on held-out states
     stage: str = "report"
     tuned: str = ""  # report: a tune.json whose best entry per arm this run uses
     tune_rl: list[str] = field(default_factory=lambda: ["lr=3e-6", "lr=1e-5", "lr=3e-5", "lr=1e-5,rl_schedule=cosine"])
@@ -159,8 +164,8 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     n_tasks = 5 if cfg.env == "arena" else 10
     if not cfg.task or any(not 0 <= t < n_tasks for t in cfg.task):
         raise SystemExit(f"error: unknown {cfg.env} task id(s) in --task {cfg.task}; valid ids are 0..{n_tasks - 1}")
-    if cfg.stage not in ("tune", "report"):
-        raise SystemExit(f"error: --stage must be tune or report, got {cfg.stage!r}")
+    if cfg.stage not in STAGES:
+        raise SystemExit(f"error: --stage must be one of {STAGES}, got {cfg.stage!r}")
     for name in ("sft_schedule", "rft_schedule", "rl_schedule"):
         if getattr(cfg, name) not in SCHEDULES:
             raise SystemExit(f"error: --{name} must be one of {SCHEDULES}, got {getattr(cfg, name)!r}")
@@ -439,6 +444,50 @@ def tune(cfg: Config, argv: list[str], val: list, before: float) -> dict:
     return rec
 
 
+def select(out: Path) -> dict:
+    """Checkpoint selection on validation states, every arm alike: score each snapshot of the report in ``out`` on the
+    validation states, keep each arm's best (ties: the earliest) and evaluate it on every held-out state -> the
+    paired differences of the selected policies, in ``<out>/selected.json``."""
+    path = out / "rl_improvement.json"
+    if not path.is_file():
+        raise SystemExit(f"error: --stage select reads a report's {path}: no such file (run --stage report first)")
+    rep = json.loads(path.read_text())
+    cfg = replace(Config(), **{**rep["config"], "stage": "select", "out": str(out)})
+    val, held, _ = splits(cfg)
+    policy, _, _, _ = start(cfg)
+    arms: dict[str, dict] = {}
+    with make_runner(cfg, policy, 50 if cfg.env == "arena" else 0) as r:
+        for arm in ARMS:
+            w = cfg.cfg_guidance if arm == "rl" and cfg.objective == "cfg" else None
+            key = str(w)
+            curve = rep["arms"][arm]["curve"]
+            snaps = sorted((out / arm).glob("snap[0-9][0-9]"))
+            if len(snaps) != len(curve):
+                raise SystemExit(f"error: {out / arm} holds {len(snaps)} snapshots, its report {len(curve)}")
+            scores = [float(evaluate_episodes(r, PI0Policy.from_pretrained(s), val, seed=cfg.seed + 100,
+                                              guidance=w).mean()) for s in snaps]
+            j = int(np.argmax(scores))
+            if "outcomes" in curve[j]:  # the final snapshot: the report already scored it on every held-out state
+                outcomes = np.array(curve[j]["outcomes"][key], dtype=float)
+            else:
+                outcomes = evaluate_episodes(r, PI0Policy.from_pretrained(snaps[j]), held, seed=cfg.seed + 100,
+                                             guidance=w)
+            arms[arm] = {"val_success": scores, "chosen": j, "minutes": curve[j]["minutes"],
+                         "held_out": float(outcomes.mean()), "outcomes": outcomes.astype(int).tolist()}
+            print(f"select: {arm} validation {' '.join(f'{x:.2f}' for x in scores)} -> snapshot {j} "
+                  f"({curve[j]['minutes']:.1f} min): held-out {arms[arm]['held_out']:.3f}", flush=True)
+    base = "sft" if arms["sft"]["held_out"] >= arms["rft"]["held_out"] else "rft"
+    paired = {f"rl-{b}": dict(zip(("mean", "se"), paired_difference(arms["rl"]["outcomes"], arms[b]["outcomes"])))
+              for b in ("sft", "rft")}
+    rec = {"report": str(path), "val_states": len(val), "held_out_states": len(held), "before": rep["before"],
+           "arms": arms, "paired": paired, "baseline": base}
+    (out / "selected.json").write_text(json.dumps(rec, indent=1))
+    d = paired[f"rl-{base}"]
+    print(f"selected: before={rep['before']:.3f} rl={arms['rl']['held_out']:.3f} sft={arms['sft']['held_out']:.3f} "
+          f"rft={arms['rft']['held_out']:.3f} rl-{base}={d['mean']:+.3f}+-{d['se']:.3f}", flush=True)
+    return rec
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the bench (or one arm with ``--arm``) and print the summary line."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -450,6 +499,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"error: --arm must be one of {ARMS}")
         return run_arm(cfg) or {}
     out = Path(cfg.out)
+    if cfg.stage == "select":
+        return select(out)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     load0 = os.getloadavg()

@@ -96,6 +96,53 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
         assert np.mean(rec["curve"][-1]["outcomes"]["None"]) == rec["curve"][-1]["None"]
 
 
+def test_select_stage_picks_each_snapshot_on_validation_states_only(tmp_path, monkeypatch):
+    """Checkpoint selection: every snapshot of every arm is scored on validation states only, each arm keeps its
+    best (ties: the earliest), and only that one meets the held-out states (the final one's report outcomes reused)."""
+    import json
+    from dataclasses import asdict
+
+    import numpy as np
+    import torch
+
+    import rl_improvement as bench
+    from pi0.utils.cli import parse_config
+
+    monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "report"
+    cfg = parse_config(bench.Config, TINY + ["--out", str(out)])
+    policy, _, _, _ = bench.start(cfg)
+    final = [1, 0, 1, 1]  # what the report stored for each arm's final snapshot
+    arms = {}
+    for arm in bench.ARMS:
+        for j in range(2):
+            with torch.no_grad():
+                for p in policy.model.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+            policy.save_pretrained(out / arm / f"snap{j:02d}")
+        arms[arm] = {"curve": [{"minutes": 0.1, "None": 0.0, "states": 4},
+                               {"minutes": 0.2, "None": 0.75, "states": 4, "outcomes": {"None": final}}]}
+    out.joinpath("rl_improvement.json").write_text(json.dumps({"config": asdict(cfg), "before": 0.0, "arms": arms}))
+    calls: list[list[tuple[int, int]]] = []
+    scores = iter([0.5, 0.25, 0.0, 0.0, 0.25, 0.75])  # rl: snapshot 0; sft: a tie, the earliest; rft: snapshot 1
+    real = bench.evaluate_episodes
+
+    def spy(runner, pol, states, *args, **kwargs):
+        calls.append(list(states))
+        got = real(runner, pol, states, *args, **kwargs)
+        if set(states) <= {(4, i) for i in range(20, 24)}:  # a validation score: the one this test dictates
+            return (np.arange(4) < 4 * next(scores)).astype(float)
+        return got
+
+    monkeypatch.setattr(bench, "evaluate_episodes", spy)
+    rec = bench.main(["--stage", "select", "--out", str(out)])
+    val, held = [(4, i) for i in range(20, 24)], [(4, i) for i in range(30, 34)]
+    assert calls == [val, val, held, val, val, held, val, val]  # rl and sft chose an earlier snapshot, rft the final
+    assert [rec["arms"][a]["chosen"] for a in bench.ARMS] == [0, 0, 1]
+    assert rec["arms"]["rft"]["outcomes"] == final and rec["arms"]["rft"]["held_out"] == 0.75
+    assert json.loads((out / "selected.json").read_text())["arms"]["rl"]["val_success"] == [0.5, 0.25]
+
+
 def test_tuned_settings_are_checked_before_any_work(tmp_path):
     """One-line errors: a grid entry naming another arm's setting, grids of unequal effort, a tune.json chosen on
     states that overlap the held-out states; a valid one is applied to its own arm only."""
