@@ -4,7 +4,10 @@ A run is a seed: two reports of the same env, task(s) and seed are the same run 
 deterministic up to where its wall-clock ends), so the table refuses them instead of counting them twice. It also
 refuses a report whose settings were not chosen on validation states (no ``--tuned``), unless ``--allow_untuned``.
 Each row gives RL − the stronger baseline with the standard error of the paired difference (same held-out states,
-same per-episode noise); the last line is the mean over runs with the standard error across runs.
+same per-episode noise); the last line is the mean over runs with the standard error across runs. Where the
+report's checkpoint selection on validation states (``--stage select``) lies beside it (``selected.json`` in the
+report's folder, or ``<stem>_selected.json`` beside ``<stem>.json``), the row also gives the selected policies'
+RL − best baseline, and the last lines its mean.
 
     .venv/bin/python bench/rl_table.py runs/bench_rl/seed*/rl_improvement.json --out bench/results/rl_table.md
 """
@@ -14,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 
@@ -40,27 +42,50 @@ def check_runs(reports: dict[str, dict], allow_untuned: bool = False) -> None:
         seen[rid] = path
 
 
-def table(reports: dict[str, dict]) -> str:
+def selected_beside(path: str | Path) -> dict | None:
+    """The ``--stage select`` record beside a report, if any."""
+    path = Path(path)
+    cand = (path.parent / "selected.json" if path.name == "rl_improvement.json"
+            else path.with_name(f"{path.stem}_selected.json"))
+    return json.loads(cand.read_text()) if cand.is_file() else None
+
+
+def across(diffs: list[float], what: str) -> str:
+    """The mean of per-run differences ± its SE across runs, in words."""
+    n, mean = len(diffs), sum(diffs) / len(diffs)
+    if n == 1:
+        return f"1 independent run: {what} {mean:+.3f} (no spread across runs from one run)"
+    spread = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n)
+    return f"{n} independent runs: mean {what} {mean:+.3f} ± {spread:.3f} (SE across runs)"
+
+
+def table(reports: dict[str, dict], selected: dict[str, dict | None] | None = None) -> str:
     """Markdown: one row per run, then the mean paired difference over runs ± its SE across runs."""
+    selected = selected or {}
     head = ("| env | task | seed | start N | start steps | plateau (val) | before | RL | SFT | RFT | RL − best baseline "
-            "(paired ± SE) | RL iterations | minutes | load before → after | goal met |")
+            "(paired ± SE) | selected on validation: RL, SFT, RFT, RL − best | RL iterations | minutes | "
+            "load before → after | goal met |")
     rows = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    diffs = []
-    for rep in sorted(reports.values(), key=run_id):
+    diffs, sel_diffs = [], []
+    for path, rep in sorted(reports.items(), key=lambda kv: run_id(kv[1])):
         c, st, d = rep["config"], rep["start"], rep["paired"][f"rl-{rep['baseline']}"]
         diffs.append(d["mean"])
+        sel = selected.get(path)
+        if sel:
+            a, sd = sel["arms"], sel["paired"][f"rl-{sel['baseline']}"]
+            sel_diffs.append(sd["mean"])
+            sel_cell = (f"{a['rl']['held_out']:.3f}, {a['sft']['held_out']:.3f}, {a['rft']['held_out']:.3f}, "
+                        f"{sd['mean']:+.3f} ± {sd['se']:.3f} ({sel['baseline'].upper()})")
+        else:
+            sel_cell = "-"
         rows.append(f"| {c['env']} | {','.join(map(str, c['task']))} | {c['seed']} | {st['demos']} | {st['steps']} | "
                     f"{st['plateau']:.3f} | {rep['before']:.3f} | {rep['after']:.3f} | {rep['sft']:.3f} | "
                     f"{rep['rft']:.3f} | {d['mean']:+.3f} ± {d['se']:.3f} ({rep['baseline'].upper()}) | "
-                    f"{rep['rl_iterations']} | {rep['minutes']:.1f} | {rep['load_before'][0]:.1f} → "
+                    f"{sel_cell} | {rep['rl_iterations']} | {rep['minutes']:.1f} | {rep['load_before'][0]:.1f} → "
                     f"{rep['load_after'][0]:.1f} | {'yes' if rep['goal_met'] else 'no'} |")
-    n = len(diffs)
-    mean = sum(diffs) / n
-    if n > 1:
-        spread = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n)
-        rows.append(f"\n{n} independent runs: mean RL − best baseline {mean:+.3f} ± {spread:.3f} (SE across runs)")
-    else:
-        rows.append(f"\n1 independent run: RL − best baseline {mean:+.3f} (no spread across runs from one run)")
+    rows.append("\n" + across(diffs, "RL − best baseline"))
+    if sel_diffs:
+        rows.append(across(sel_diffs, "RL − best baseline of the policies selected on validation"))
     return "\n".join(rows)
 
 
@@ -77,7 +102,7 @@ def main(argv: list[str] | None = None) -> str:
             raise SystemExit(f"error: {path}: no such report")
         reports[path] = json.loads(Path(path).read_text())
     check_runs(reports, args.allow_untuned)
-    text = table(reports)
+    text = table(reports, {path: selected_beside(path) for path in reports})
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -212,3 +212,10 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     assert "2 independent runs: mean RL − best baseline +0.375 ± 0.125" in text
     assert "1 independent run: RL − best baseline +0.250" in table_main([str(paths[0])])
     assert (tmp_path / "t.md").read_text().strip() == text.strip()
+    # a checkpoint selection beside a report adds its column and its own mean across runs
+    sel = {"arms": {"rl": {"held_out": 0.75}, "sft": {"held_out": 0.5}, "rft": {"held_out": 0.25}},
+           "paired": {"rl-sft": {"mean": 0.25, "se": 0.125}}, "baseline": "sft"}
+    (tmp_path / "a_selected.json").write_text(json.dumps(sel))
+    text = table_main([str(paths[0]), str(paths[1])])
+    assert "| 0.750, 0.500, 0.250, +0.250 ± 0.125 (SFT) |" in text and text.count("| - |") == 1
+    assert "1 independent run: RL − best baseline of the policies selected on validation +0.250" in text
