@@ -88,13 +88,16 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def model_config(config: str):
-    """The bf16 Pi0Config of ``--config`` (full: pi0's; ci: bench/memory.py's small one) for ``--random_init``."""
+    """The bf16 Pi0Config of ``--config`` (full: pi0's; ci: bench/memory.py's small one; tiny: the tests' model, a
+    check that the bench runs rather than a measurement) for ``--random_init``."""
     import dataclasses
 
     from pi0.models.config import Pi0Config
 
     if config == "full":
         return Pi0Config(dtype="bfloat16")
+    if config == "tiny":
+        return Pi0Config.tiny(dtype="bfloat16")
     sys.path.insert(0, str(REPO / "bench"))
     from memory import ci_config
 
@@ -145,7 +148,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--work", default="/tmp/pi0_memory", help="where bench/memory.py writes / converts the zeros tree")
-    p.add_argument("--config", default="full", choices=["full", "ci"], help="ci: bench/memory.py's small config")
+    p.add_argument("--config", default="full", choices=["full", "ci", "tiny"],
+                   help="ci: bench/memory.py's small config; tiny: the tests' model (with --random_init)")
     p.add_argument("--limit_gb", type=float, default=21.0, help="CPU watchdog")
     p.add_argument("--json", default="", help="also write the records here")
     p.add_argument("--random_init", action="store_true",
@@ -154,6 +158,8 @@ def main() -> None:
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.config == "tiny" and not args.random_init:
+        p.error("--config tiny needs --random_init (bench/memory.py writes only the ci and full zeros trees)")
     if args._child:
         args.checkpointing = args.checkpointing[0] if isinstance(args.checkpointing, list) else args.checkpointing
         print(json.dumps(child(args)), flush=True)
