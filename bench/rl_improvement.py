@@ -238,6 +238,11 @@ def arm_config(cfg: Config, arm: str) -> Config:
     return cfg
 
 
+def reported_guidance(cfg: Config, arm: str) -> float | None:
+    """The w an arm is scored and reported at: the RL arm's ``cfg_guidance`` under ``--objective cfg``, else None."""
+    return cfg.cfg_guidance if arm == "rl" and cfg.objective == "cfg" else None
+
+
 def num_init_states(cfg: Config) -> int:
     return cfg.eval_start + cfg.eval_states
 
@@ -430,8 +435,7 @@ def tune(cfg: Config, argv: list[str], val: list, before: float) -> dict:
         print(f"tune: point {j}: " + ", ".join(f"{arm} {g[arm][j]}" for arm in ARMS), flush=True)
         arms = run_arms(argv, ["--num_demos", str(cfg.num_demos), "--point", str(j)], out / f"p{j}")
         for arm in ARMS:
-            key = str(cfg.cfg_guidance) if arm == "rl" and cfg.objective == "cfg" else "None"
-            rate = arms[arm]["curve"][-1][key]
+            rate = arms[arm]["curve"][-1][str(reported_guidance(cfg, arm))]
             points[arm].append({"entry": g[arm][j], "val_success": rate, "iterations": arms[arm]["iterations"],
                                 "trained_minutes": arms[arm]["trained_minutes"]})
             print(f"tune: point {j} {arm} ({g[arm][j]}): validation success {rate:.3f}", flush=True)
@@ -454,24 +458,24 @@ def select(out: Path) -> dict:
     rep = json.loads(path.read_text())
     cfg = replace(Config(), **{**rep["config"], "stage": "select", "out": str(out)})
     val, held, _ = splits(cfg)
-    policy, _, _, _ = start(cfg)
+    snaps = {arm: sorted((out / arm).glob("snap[0-9][0-9]")) for arm in ARMS}
+    for arm in ARMS:
+        if not snaps[arm] or len(snaps[arm]) != len(rep["arms"][arm]["curve"]):
+            raise SystemExit(f"error: {out / arm} holds {len(snaps[arm])} snapshots, its report "
+                             f"{len(rep['arms'][arm]['curve'])}")
     arms: dict[str, dict] = {}
-    with make_runner(cfg, policy, 50 if cfg.env == "arena" else 0) as r:
+    # the runner needs only the policy's chunking: any snapshot gives it (the start need not be cached here)
+    with make_runner(cfg, PI0Policy.from_pretrained(snaps["rl"][0]), 50 if cfg.env == "arena" else 0) as r:
         for arm in ARMS:
-            w = cfg.cfg_guidance if arm == "rl" and cfg.objective == "cfg" else None
-            key = str(w)
+            w = reported_guidance(cfg, arm)
             curve = rep["arms"][arm]["curve"]
-            snaps = sorted((out / arm).glob("snap[0-9][0-9]"))
-            if len(snaps) != len(curve):
-                raise SystemExit(f"error: {out / arm} holds {len(snaps)} snapshots, its report {len(curve)}")
-            scores = [float(evaluate_episodes(r, PI0Policy.from_pretrained(s), val, seed=cfg.seed + 100,
-                                              guidance=w).mean()) for s in snaps]
+            pols = [PI0Policy.from_pretrained(s) for s in snaps[arm]]
+            scores = [float(evaluate_episodes(r, pol, val, seed=cfg.seed + 100, guidance=w).mean()) for pol in pols]
             j = int(np.argmax(scores))
             if "outcomes" in curve[j]:  # the final snapshot: the report already scored it on every held-out state
-                outcomes = np.array(curve[j]["outcomes"][key], dtype=float)
+                outcomes = np.array(curve[j]["outcomes"][str(w)], dtype=float)
             else:
-                outcomes = evaluate_episodes(r, PI0Policy.from_pretrained(snaps[j]), held, seed=cfg.seed + 100,
-                                             guidance=w)
+                outcomes = evaluate_episodes(r, pols[j], held, seed=cfg.seed + 100, guidance=w)
             arms[arm] = {"val_success": scores, "chosen": j, "minutes": curve[j]["minutes"],
                          "held_out": float(outcomes.mean()), "outcomes": outcomes.astype(int).tolist()}
             print(f"select: {arm} validation {' '.join(f'{x:.2f}' for x in scores)} -> snapshot {j} "
@@ -518,7 +522,7 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.stage == "tune":
         return tune(cfg, argv, val, before)
     arms = run_arms(argv, ["--num_demos", str(cfg.num_demos)], out)
-    key = str(cfg.cfg_guidance) if cfg.objective == "cfg" else "None"
+    key = str(reported_guidance(cfg, "rl"))
     final = {arm: arms[arm]["curve"][-1] for arm in ARMS}
     after = final["rl"][key]
     w1 = final["rl"]["1.0"] if cfg.objective == "cfg" else after

@@ -173,7 +173,7 @@ class RIPTTrainer:
                           repeats: int | None = None) -> np.ndarray:
         """Per-episode held-out success ``(states x repeats,)`` of ``policy`` (default: the trained one) with the
         evaluation seed: every policy scored here meets the same noise per episode (paired)."""
-        policy = policy or self.policy
+        policy = self.policy if policy is None else policy
         with gathered(policy.model):  # FSDP2: rank-local sampling on gathered weights (every rank calls this)
             if not self.eval_states:
                 return np.zeros(0)
