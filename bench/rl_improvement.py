@@ -25,6 +25,7 @@ with every score and each arm's best entry. Held-out states are not built in tha
 by earlier probes, so the held-out default starts at 2000). ``--stage select --out <report dir>`` then selects each
 arm's checkpoint as early stopping would, every arm alike: each snapshot scored on the validation states, the best
 kept and evaluated on every held-out state (``<out>/selected.json``, paired differences of the selected policies).
+``--stage start`` only builds (or loads) the cached start, the band search included, and prints its record.
 
 Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall-clock, every arm). The last line is
 ``before=<p> after=<p> sft=<p> rft=<p> w1=<p> minutes=<m>`` (w1: the RL policy at w=1; equals ``after`` for ppo).
@@ -70,7 +71,7 @@ ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_ste
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 SCHEDULES = ("constant", "cosine")
-STAGES = ("tune", "report", "select")
+STAGES = ("start", "tune", "report", "select")
 
 
 @dataclass
@@ -514,6 +515,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"start: {cfg.num_demos} demos x {len(cfg.task)} task(s) ({len(windows)} windows), SFT {rec['steps']} steps "
           f"(best of {len(rec['curve'])} checks), validation plateau {rec['plateau']:.3f}, cached at {root}",
           flush=True)
+    if cfg.stage == "start":  # build (or load) the cached start alone, e.g. ahead of the report that uses it
+        return rec
     with make_runner(cfg, policy, 50 if cfg.env == "arena" else 0) as r:
         before_out = evaluate_episodes(r, policy, scored, seed=cfg.seed + 100)
     before, n = float(before_out.mean()), len(scored)

@@ -96,6 +96,30 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
         assert np.mean(rec["curve"][-1]["outcomes"]["None"]) == rec["curve"][-1]["None"]
 
 
+def test_start_stage_builds_the_start_and_nothing_else(tmp_path, monkeypatch):
+    """``--stage start`` trains (or loads) the cached start (its checks on validation states) and evaluates nothing
+    else: no held-out "before", no arm."""
+    import rl_improvement as bench
+
+    monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
+    seen: list[tuple[int, int]] = []
+    real = bench.evaluate_episodes
+
+    def spy(runner, policy, states, *args, **kwargs):
+        seen.extend(states)
+        return real(runner, policy, states, *args, **kwargs)
+
+    def no_arms(*args, **kwargs):
+        raise AssertionError("the start stage launched the arms")
+
+    monkeypatch.setattr(bench, "evaluate_episodes", spy)
+    monkeypatch.setattr(bench, "run_arms", no_arms)
+    rec = bench.main(TINY + ["--stage", "start", "--out", str(tmp_path / "start")])
+    assert [c["steps"] for c in rec["curve"]] == [1, 2]  # --sft_steps 2, a check every step
+    assert seen == []  # no "before" evaluation: no held-out state is built into anything
+    assert list((tmp_path / "cache" / "ript_warm_start").iterdir())  # cached for the report that follows
+
+
 def test_select_stage_picks_each_snapshot_on_validation_states_only(tmp_path, monkeypatch):
     """Checkpoint selection: every snapshot of every arm is scored on validation states only, each arm keeps its
     best (ties: the earliest), and only that one meets the held-out states (the final one's report outcomes reused)."""

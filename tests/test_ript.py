@@ -417,6 +417,25 @@ def test_smoothed_plateau_ignores_a_lucky_check_and_a_capped_start_is_an_error()
     assert "smooth" not in Plateau([(4, 9)]).key_fields() and Plateau([(4, 9)], smooth=3).key_fields()["smooth"] == 3
 
 
+def test_a_converged_start_is_reused_under_a_higher_step_cap(tmp_path):
+    """A start that stopped on patience at step s is what any cap >= s trains, so raising the cap (as the
+    not-converged error asks for another N of the demo search) reuses it; a cap below s does not."""
+    from pi0.ript.warm_start import Plateau, cached_warm_start
+    cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
+    stop = Plateau([(4, 7)], every=2, patience=1, require_convergence=True)
+    opt = OptimizerConfig(lr=1e-3, minibatch_size=8)
+    _, _, root = cached_warm_start(cfg, [(4, 0)], 10, opt, cache_dir=tmp_path, resolution=32, stop=stop)
+    rec = json.loads((root / "warm_start.json").read_text())
+    assert rec["stopped_at"] == 4 and rec["converged_key"]  # checks at 2 and 4 (0.0, then no gain: patience 1)
+    _, _, again = cached_warm_start(cfg, [(4, 0)], 20, opt, cache_dir=tmp_path, resolution=32, stop=stop)
+    assert again == root and len(list(root.parent.iterdir())) == 1  # nothing retrained
+    with pytest.raises(UserError, match="did not converge"):  # cap 2 < 4: retrained, and capped before patience
+        cached_warm_start(cfg, [(4, 0)], 2, opt, cache_dir=tmp_path, resolution=32, stop=stop)
+    other = Plateau([(4, 7)], every=2, patience=2, require_convergence=True)  # another rule: its own start
+    _, _, third = cached_warm_start(cfg, [(4, 0)], 20, opt, cache_dir=tmp_path, resolution=32, stop=other)
+    assert third != root
+
+
 def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
     from pi0.ript.collection import Collection, Group
     from pi0.ript.warm_start import success_windows

@@ -199,9 +199,10 @@ class Plateau:
         return d
 
 
-def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
+def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int | None,
                    opt_cfg: OptimizerConfig, stop: Plateau | None = None, env: str = "arena") -> str:
-    """Cache key of a warm-started checkpoint."""
+    """Cache key of a warm-started checkpoint (``sft_steps=None``: the key of a start converged by ``stop``, which
+    any step cap at or above the step it stopped at reproduces)."""
     # no value head in SFT, and no warm-up unless set: neither is in the key (older caches keep their keys)
     opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr" and not (k == "warmup_steps" and v == 0)}
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, opt,
@@ -253,6 +254,20 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
     return curve
 
 
+def converged_start(cache: Path, converged_key: str, sft_steps: int) -> Path | None:
+    """A cached start that converged by the same rule on the same data and settings under another step cap, and
+    stopped at or before ``sft_steps`` (so this cap would have trained the same weights), else None."""
+    for rec_path in sorted(cache.glob("*/warm_start.json")):
+        try:
+            rec = json.loads(rec_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("converged_key") == converged_key and rec.get("stopped_at", sft_steps + 1) <= sft_steps \
+                and (rec_path.parent / "model.safetensors").is_file():
+            return rec_path.parent
+    return None
+
+
 def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int,
                       opt_cfg: OptimizerConfig, cache_dir: Path | None = None, resolution: int = 64,
                       stop: Plateau | None = None, env: str = "arena") -> tuple[PI0Policy, list[Window], Path]:
@@ -261,8 +276,12 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     ``sft_steps`` SFT steps, or (with ``stop``) until validation success plateaus, at most ``sft_steps``;
     ``<key>/warm_start.json`` records the validation curve, the steps and the plateau (best validation success).
     """
-    root = (cache_dir or default_cache_dir()) / "ript_warm_start" / warm_start_key(cfg, demo_states, sft_steps,
-                                                                                  opt_cfg, stop, env)
+    cache = (cache_dir or default_cache_dir()) / "ript_warm_start"
+    root = cache / warm_start_key(cfg, demo_states, sft_steps, opt_cfg, stop, env)
+    converged_key = warm_start_key(cfg, demo_states, None, opt_cfg, stop, env) if stop and stop.require_convergence \
+        else None
+    if converged_key and not (root / "model.safetensors").is_file():
+        root = converged_start(cache, converged_key, sft_steps) or root
     torch.manual_seed(cfg.seed)
     demos = expert_demos(env, demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, seed=cfg.seed)
     if (root / "model.safetensors").is_file():
@@ -285,6 +304,7 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     (tmp / "warm_start.json").write_text(json.dumps({
         "config": asdict(cfg), "env": env, "demos": len(demo_states), "sft_steps_max": sft_steps,
         "stop": asdict(stop) if stop else None, "curve": curve, "seconds": time.perf_counter() - t0,
+        "converged_key": converged_key, "stopped_at": curve[-1]["steps"] if curve else sft_steps,
         "steps": best["steps"] if best else sft_steps, "plateau": best["val_smoothed"] if best else None}))
     tmp.rename(root)
     return policy, windows, root

@@ -60,6 +60,8 @@ class TaskConfig:
     warm_start_val_states: int = 50
     warm_start_smooth: int = 1  # the plateau's criterion: the mean of the last n validation checks (1: each check)
     warm_start_threads: int = 0  # torch threads while the start trains alone (0: every core), then ``threads``
+    warm_start_lr: float = 1e-3  # the start's SFT step size (AdamW, constant)
+    warm_start_minibatch: int = 32  # the start's SFT minibatch (windows per step)
 
 
 @dataclass
@@ -182,6 +184,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_val_states": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_smooth": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_threads": (lambda v: v >= 0, ">= 0 (0: every core)"),
+    "task.warm_start_lr": (lambda v: v > 0.0, "> 0"),
+    "task.warm_start_minibatch": (lambda v: v >= 1, ">= 1"),
     "env.resolution": (lambda v: v >= 16, ">= 16"),
     "baseline.sft_lr": (lambda v: v > 0.0, "> 0"),
     "baseline.warmup_steps": (lambda v: v >= 0, ">= 0"),

@@ -82,7 +82,8 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
     threads = torch.get_num_threads()
     torch.set_num_threads(t.warm_start_threads or os.cpu_count() or 1)  # it trains alone (other ranks wait)
     try:
-        policy, windows, _ = cached_warm_start(tiny, demos, t.warm_start_steps, OptimizerConfig(lr=1e-3),
+        policy, windows, _ = cached_warm_start(tiny, demos, t.warm_start_steps,
+                                               OptimizerConfig(lr=t.warm_start_lr, minibatch_size=t.warm_start_minibatch),
                                                cache_dir=Path(cfg.logging.out_dir) / "cache",
                                                resolution=cfg.env.resolution, stop=stop, env=t.env)
     finally:
