@@ -4,7 +4,8 @@ A run is a seed: two reports of the same env, task(s) and seed are the same run 
 deterministic up to where its wall-clock ends), so the table refuses them instead of counting them twice. It also
 refuses a report whose settings were not chosen on validation states (no ``--tuned``), unless ``--allow_untuned``.
 Each row gives RL − the stronger baseline with the standard error of the paired difference (same held-out states,
-same per-episode noise); the last line is the mean over runs with the standard error across runs. Where the
+same per-episode noise); the last lines give the mean over runs with the standard error across runs, per env and
+task (runs of different tasks are not averaged together). Where the
 report's checkpoint selection on validation states (``--stage select``) lies beside it (``selected.json`` in the
 report's folder, or ``<stem>_selected.json`` beside ``<stem>.json``), the row also gives the selected policies'
 RL − best baseline, and the last lines its mean.
@@ -66,14 +67,16 @@ def table(reports: dict[str, dict], selected: dict[str, dict | None] | None = No
             "(paired ± SE) | selected on validation: RL, SFT, RFT, RL − best | RL iterations | minutes | "
             "load before → after | goal met |")
     rows = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    diffs, sel_diffs = [], []
+    diffs: dict[tuple, list[float]] = {}  # per (env, task ids): runs of different tasks are not averaged together
+    sel_diffs: dict[tuple, list[float]] = {}
     for path, rep in sorted(reports.items(), key=lambda kv: run_id(kv[1])):
         c, st, d = rep["config"], rep["start"], rep["paired"][f"rl-{rep['baseline']}"]
-        diffs.append(d["mean"])
+        group = run_id(rep)[:2]
+        diffs.setdefault(group, []).append(d["mean"])
         sel = selected.get(path)
         if sel:
             a, sd = sel["arms"], sel["paired"][f"rl-{sel['baseline']}"]
-            sel_diffs.append(sd["mean"])
+            sel_diffs.setdefault(group, []).append(sd["mean"])
             sel_cell = (f"{a['rl']['held_out']:.3f}, {a['sft']['held_out']:.3f}, {a['rft']['held_out']:.3f}, "
                         f"{sd['mean']:+.3f} ± {sd['se']:.3f} ({sel['baseline'].upper()})")
         else:
@@ -83,9 +86,12 @@ def table(reports: dict[str, dict], selected: dict[str, dict | None] | None = No
                     f"{rep['rft']:.3f} | {d['mean']:+.3f} ± {d['se']:.3f} ({rep['baseline'].upper()}) | "
                     f"{sel_cell} | {rep['rl_iterations']} | {rep['minutes']:.1f} | {rep['load_before'][0]:.1f} → "
                     f"{rep['load_after'][0]:.1f} | {'yes' if rep['goal_met'] else 'no'} |")
-    rows.append("\n" + across(diffs, "RL − best baseline"))
-    if sel_diffs:
-        rows.append(across(sel_diffs, "RL − best baseline of the policies selected on validation"))
+    rows.append("")
+    for group, ds in diffs.items():
+        where = f"{group[0]} task {','.join(map(str, group[1]))}: " if len(diffs) > 1 else ""
+        rows.append(where + across(ds, "RL − best baseline"))
+        if group in sel_diffs:
+            rows.append(where + across(sel_diffs[group], "RL − best baseline of the policies selected on validation"))
     return "\n".join(rows)
 
 

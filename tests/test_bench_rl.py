@@ -243,3 +243,10 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     text = table_main([str(paths[0]), str(paths[1])])
     assert "| 0.750, 0.500, 0.250, +0.250 ± 0.125 (SFT) |" in text and text.count("| - |") == 1
     assert "1 independent run: RL − best baseline of the policies selected on validation +0.250" in text
+    # runs of another task get their own mean: seed 0 of task 1 is not a replay of seed 0 of task 4
+    other = _report(0, [0, 0, 1, 1], [1, 0, 1, 1])
+    other["config"]["task"] = [1]
+    (tmp_path / "e.json").write_text(json.dumps(other))
+    text = table_main([str(paths[0]), str(paths[1]), str(tmp_path / "e.json")])
+    assert "arena task 4: 2 independent runs: mean RL − best baseline +0.375 ± 0.125" in text
+    assert "arena task 1: 1 independent run: RL − best baseline -0.250" in text
