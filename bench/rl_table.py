@@ -5,10 +5,9 @@ deterministic up to where its wall-clock ends), so the table refuses them instea
 refuses a report whose settings were not chosen on validation states (no ``--tuned``), unless ``--allow_untuned``.
 Each row gives RL − the stronger baseline with the standard error of the paired difference (same held-out states,
 same per-episode noise); the last lines give the mean over runs with the standard error across runs, per env and
-task (runs of different tasks are not averaged together). Where the
-report's checkpoint selection on validation states (``--stage select``) lies beside it (``selected.json`` in the
-report's folder, or ``<stem>_selected.json`` beside ``<stem>.json``), the row also gives the selected policies'
-RL − best baseline, and the last lines its mean.
+task (runs of different tasks are not averaged together). Where the report's checkpoint selection on validation
+states (``--stage select``) lies beside it (``selected.json`` in the report's folder, or ``<stem>_selected.json``
+beside ``<stem>.json``), the row also gives the selected policies' RL − best baseline, and the last lines its mean.
 
     .venv/bin/python bench/rl_table.py runs/bench_rl/seed*/rl_improvement.json --out bench/results/rl_table.md
 """

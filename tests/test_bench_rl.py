@@ -63,14 +63,8 @@ TINY = ["--task", "4", "--num_demos", "10", "--train_states", "20", "--val_start
         "--group_size", "2", "--warmup_steps", "2"]
 
 
-def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeypatch):
-    """The split test: in the tune stage every arm (its grid point's settings applied) is scored on validation
-    states, and no held-out state reaches any evaluation."""
-    import numpy as np
-
-    import rl_improvement as bench
-    from pi0.utils.cli import parse_config
-
+def _record_evaluated_states(bench, tmp_path, monkeypatch) -> list[tuple[int, int]]:
+    """Cache the bench's starts under ``tmp_path``; the returned list collects every state the bench evaluates."""
     monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
     seen: list[tuple[int, int]] = []
     real = bench.evaluate_episodes
@@ -80,6 +74,18 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
         return real(runner, policy, states, *args, **kwargs)
 
     monkeypatch.setattr(bench, "evaluate_episodes", spy)
+    return seen
+
+
+def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeypatch):
+    """The split test: in the tune stage every arm (its grid point's settings applied) is scored on validation
+    states, and no held-out state reaches any evaluation."""
+    import numpy as np
+
+    import rl_improvement as bench
+    from pi0.utils.cli import parse_config
+
+    seen = _record_evaluated_states(bench, tmp_path, monkeypatch)
     argv = TINY + ["--stage", "tune", "--out", str(tmp_path / "tune"), "--tune_rl", "lr=1e-4", "lr=3e-5",
                    "--tune_sft", "sft_arm_lr=1e-4", "sft_arm_lr=3e-4,sft_schedule=cosine",
                    "--tune_rft", "rft_lr=1e-4", "rft_steps_per_iteration=2", "--point", "1"]
@@ -101,18 +107,11 @@ def test_start_stage_builds_the_start_and_nothing_else(tmp_path, monkeypatch):
     else: no held-out "before", no arm."""
     import rl_improvement as bench
 
-    monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
-    seen: list[tuple[int, int]] = []
-    real = bench.evaluate_episodes
-
-    def spy(runner, policy, states, *args, **kwargs):
-        seen.extend(states)
-        return real(runner, policy, states, *args, **kwargs)
+    seen = _record_evaluated_states(bench, tmp_path, monkeypatch)
 
     def no_arms(*args, **kwargs):
         raise AssertionError("the start stage launched the arms")
 
-    monkeypatch.setattr(bench, "evaluate_episodes", spy)
     monkeypatch.setattr(bench, "run_arms", no_arms)
     rec = bench.main(TINY + ["--stage", "start", "--out", str(tmp_path / "start")])
     assert [c["steps"] for c in rec["curve"]] == [1, 2]  # --sft_steps 2, a check every step
