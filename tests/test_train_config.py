@@ -46,6 +46,8 @@ def test_required_presets_are_bundled():
     (["algo.precision=fp16"], ["algo.precision", "'float32', 'bf16'"]),
     (["task.warm_start_patience=3"], ["task.warm_start_patience", "overlap", "task.eval_start"]),
     (["task.warm_start_patience=-1"], ["task.warm_start_patience", ">= 0"]),
+    (["task.warm_start_procs=3"], ["task.warm_start_minibatch=32", "task.warm_start_procs=3", "multiple"]),
+    (["task.warm_start_procs=0"], ["task.warm_start_procs", ">= 1"]),
 ])
 def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:

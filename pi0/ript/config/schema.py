@@ -62,6 +62,9 @@ class TaskConfig:
     warm_start_threads: int = 0  # torch threads while the start trains alone (0: every core), then ``threads``
     warm_start_lr: float = 1e-3  # the start's SFT step size (AdamW, constant)
     warm_start_minibatch: int = 32  # the start's SFT minibatch (windows per step)
+    # processes the start's SFT runs in (with warm_start_patience > 0): gloo data parallel, one thread each, the
+    # minibatch and the validation states split among them (pi0.ript.warm_start.sft_to_plateau_parallel)
+    warm_start_procs: int = 1
 
 
 @dataclass
@@ -186,6 +189,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_threads": (lambda v: v >= 0, ">= 0 (0: every core)"),
     "task.warm_start_lr": (lambda v: v > 0.0, "> 0"),
     "task.warm_start_minibatch": (lambda v: v >= 1, ">= 1"),
+    "task.warm_start_procs": (lambda v: v >= 1, ">= 1"),
     "env.resolution": (lambda v: v >= 16, ">= 16"),
     "baseline.sft_lr": (lambda v: v > 0.0, "> 0"),
     "baseline.warmup_steps": (lambda v: v >= 0, ">= 0"),
@@ -243,6 +247,9 @@ def _check_tasks(cfg: TrainConfig) -> None:
                         f"{t.train_states + t.warm_start_val_states - 1}, which overlap the held-out ones from "
                         f"task.eval_start={t.eval_start}; set task.eval_start >= task.train_states + "
                         "task.warm_start_val_states")
+    if t.warm_start_minibatch % t.warm_start_procs:
+        raise UserError(f"task.warm_start_minibatch={t.warm_start_minibatch} does not divide among "
+                        f"task.warm_start_procs={t.warm_start_procs} processes; make it a multiple")
     if t.env == "metaworld":
         from pi0.envs.metaworld_env import MT10_TASKS
         bad = [i for i in t.task_ids if not 0 <= i < len(MT10_TASKS)]

@@ -85,7 +85,8 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
         policy, windows, _ = cached_warm_start(tiny, demos, t.warm_start_steps,
                                                OptimizerConfig(lr=t.warm_start_lr, minibatch_size=t.warm_start_minibatch),
                                                cache_dir=Path(cfg.logging.out_dir) / "cache",
-                                               resolution=cfg.env.resolution, stop=stop, env=t.env)
+                                               resolution=cfg.env.resolution, stop=stop, env=t.env,
+                                               procs=t.warm_start_procs)
     finally:
         torch.set_num_threads(threads)
     return policy, windows
