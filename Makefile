@@ -36,8 +36,9 @@ $(SYSSTAMP): | $(VENV)/bin/python
 	fi
 	touch $@
 
-# The main job: stage 11's default preset trains a tiny warm-started pi0 on the arena (CPU, a few minutes)
-# -> runs/stage11_ript_vla/ (TensorBoard, success.png, videos, checkpoints, config.yaml). Overrides: RUN_ARGS="k=v ..."
+# The main job: stage 11's default preset trains a converged tiny pi0 start on the arena, then RL and continued SFT
+# side by side (CPU, about 20 minutes on 2 cores) -> runs/stage11_ript_vla/ (success.png, summary.json, TensorBoard,
+# videos, checkpoints, config.yaml). Overrides: RUN_ARGS="k=v ..."
 run: install
 	$(VPY) 11_train_ript_vla_style.py $(RUN_ARGS)
 
