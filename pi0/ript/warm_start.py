@@ -329,9 +329,9 @@ def sft_to_plateau_parallel(cfg: TinyArenaConfig, policy: PI0Policy, windows: Se
                             opt_cfg: OptimizerConfig, max_steps: int, stop: Plateau, procs: int, env: str = "arena",
                             resolution: int = 64) -> list[dict[str, float]]:
     """:func:`sft_to_plateau` data parallel over ``procs`` spawned processes (one thread each): the same rule and
-    the same global minibatch (``opt_cfg.minibatch_size``, split among the ranks), which on a small CPU model runs
-    about 1.35x faster at 2 processes than one process with 2 threads (bench/README.md, `make run`). Loads the best
-    weights into ``policy`` -> the validation curve."""
+    the same global minibatch (``opt_cfg.minibatch_size``, split among the ranks). On 2 cores a step of the tiny
+    policy runs 1.10-1.17x faster as 2 ranks than in one process with 2 threads (``bench/parallel_start.py``).
+    Loads the best weights into ``policy`` -> the validation curve."""
     import torch.multiprocessing as mp
 
     check_procs(opt_cfg, procs)
