@@ -2,8 +2,9 @@
 
 SFT is pi0's flow-matching loss on expert chunks (``FlowMatchingObjective``), run by the same ``PolicyUpdate`` as
 RL. The warm start trains until held-out-validation success stops improving (:class:`Plateau`) and keeps the best
-weights: a *converged* few-shot start, so that what RL adds is not unfinished SFT. Demos and the warm-started
-checkpoint are cached on disk by config hash. RFT (SFT on the demos plus the policy's own successes) is :func:`rft`.
+weights: a *converged* few-shot start, so that what RL adds is not unfinished SFT; it can train data parallel over
+spawned gloo ranks (:func:`sft_to_plateau_parallel`). Demos and the warm-started checkpoint are cached on disk by
+config hash. RFT (SFT on the demos plus the policy's own successes) is :func:`rft`.
 """
 
 from __future__ import annotations
