@@ -293,6 +293,14 @@ def converged_start(cache: Path, converged_key: str, sft_steps: int) -> Path | N
     return None
 
 
+def validation_runner(env: str, val_states: Sequence[tuple[int, int]], episodes: int, replan_steps: int,
+                      resolution: int) -> RolloutRunner:
+    """The runner of the start's validation checks: up to 50 arena envs in process or 4 MetaWorld workers, for
+    ``episodes`` rollouts at a time, over init states that cover ``val_states``."""
+    return env_runner(env, min(50 if env == "arena" else 4, episodes), replan_steps, resolution,
+                      num_init_states=init_states_for(val_states))
+
+
 def check_procs(opt_cfg: OptimizerConfig, procs: int) -> None:
     """A data-parallel start splits its minibatch evenly among its processes (one-line error otherwise)."""
     if procs < 1 or opt_cfg.minibatch_size % procs:
@@ -311,8 +319,7 @@ def _plateau_rank(rank: int, procs: int, store: str, cfg: TinyArenaConfig, polic
     try:
         info = DistInfo(rank, procs)
         mine = stop.val_states[rank::procs]
-        with env_runner(env, min(50 if env == "arena" else 4, len(mine)), cfg.n_action_steps, resolution,
-                        num_init_states=init_states_for(stop.val_states)) as runner:
+        with validation_runner(env, stop.val_states, len(mine), cfg.n_action_steps, resolution) as runner:
             try:
                 curve = sft_to_plateau(policy, windows[rank::procs], replace(
                     opt_cfg, minibatch_size=opt_cfg.minibatch_size // procs), max_steps, stop, runner, seed=cfg.seed,
@@ -381,8 +388,8 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     elif procs > 1:
         curve = sft_to_plateau_parallel(cfg, policy, windows, opt_cfg, sft_steps, stop, procs, env, resolution)
     else:
-        with env_runner(env, min(50 if env == "arena" else 4, len(stop.val_states)), cfg.n_action_steps, resolution,
-                        num_init_states=init_states_for(stop.val_states)) as val_runner:
+        with validation_runner(env, stop.val_states, len(stop.val_states), cfg.n_action_steps,
+                               resolution) as val_runner:
             curve = sft_to_plateau(policy, windows, opt_cfg, sft_steps, stop, val_runner, seed=cfg.seed)
     full = [c for c in curve if c["val_smoothed"] is not None]
     best = max(full, key=lambda c: c["val_smoothed"]) if full else None
