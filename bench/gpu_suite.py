@@ -1,4 +1,4 @@
-"""Every GPU check in one command, for the first session that is lent a GPU (about 9 minutes on an H100).
+"""Every GPU check in one command, for a session lent a GPU (about 14 minutes: a lease runs a part, ``--steps``).
 
     python3 bench/gpu_suite.py --out runs/gpu_suite       # on the lent machine: CUDA, full-size bf16 figures
     .venv/bin/python bench/gpu_suite.py --dry-run         # CPU, tiny configs, each step small (CI runs this)
@@ -8,10 +8,12 @@ never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one
 
 1. ``cuda_tests``: the CUDA-marked tests (``pytest -m cuda``: CUDA-graph and compile parity, float32 and bf16 on
    the GPU against openpi's fixtures). Dry run: the selection is collected, not run.
-2. ``sampling_b1`` / ``sampling_b8`` / ``sampling_pi05_b1``: full-size pi0 (and pi0.5) bf16 sampling latency,
-   2 cameras, 10 steps, batch 1 and 8:
-   eager KV-cached, FastSampler, ``torch.compile`` and CUDA graphs (``bench/sampling.py``), with the roofline ratio
-   (measured time over the time to read the weights once per call at the measured copy bandwidth).
+2. ``sampling_b1`` / ``sampling_b64`` / ``sampling_sde_b32`` / ``sampling_pi05_b1`` / ``sampling_b1_3cam``: full-size
+   bf16 sampling, 10 steps (``bench/sampling.py``): pi0 at batch 1 (2 views), batch 64, Flow-SDE as RL collects at
+   batch 32, pi0.5 at batch 1, pi0 with 3 views. Rows: eager KV-cached, and FastSampler under a CUDA graph of the
+   whole call (and, at batch 1, of the Euler loop alone, the path before the whole-call graph), compiled and eager;
+   ms per call, chunks per second and the roofline ratio (measured time over the time to read the weights once per
+   call at the measured copy bandwidth).
 3. ``train_memory``: ``bench/train_memory.py --device cuda --minibatch 8``: one full-size RL update step per
    trainable mode (expert, lora, all), checkpointing on: ``torch.cuda.max_memory_allocated``.
 4. ``eval_1env`` / ``eval_Nenv``: evaluation throughput, tiny policy on the GPU, subprocess envs on the host
@@ -114,30 +116,38 @@ def step_cuda_tests(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     return res
 
 
-def sampling_step(batch: int, pi05: bool = False, compiled: bool = False
-                  ) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
-    """bench/sampling.py at one batch size (pi0, or pi0.5) -> ms per path and the roofline ratio of the fastest.
+def sampling_step(name: str, batch: int, cameras: int = 2, pi05: bool = False, sde: bool = False,
+                  scopes: str = "call", compiled: bool = True) -> Callable[[argparse.Namespace, Path], dict[str, Any]]:
+    """bench/sampling.py for one setting (pi0 or pi0.5, batch, live cameras, deterministic or Flow-SDE) -> ms and
+    chunks per second per path, the best path and its roofline ratio.
 
-    Eager rows (KV-cached, FastSampler, eager CUDA graph) unless ``compiled``: torch.compile of the full model takes
-    minutes on its first calls, so it is a step of its own, last."""
-    name = f"sampling{'_pi05' if pi05 else ''}{'_compiled' if compiled else ''}_b{batch}"
+    Rows: eager KV-cached, then FastSampler under a CUDA graph of each scope in ``scopes`` (``call``: the whole
+    call, ``loop``: the Euler loop alone), compiled (SigLIP, prefix and step; the first call compiles) and eager."""
 
     def step(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         js = out / f"{name}.json"
         if a.dry_run:
-            args = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", "1"]
+            args = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--iters", "1", "--compile",
+                    "--skip_compile"]
         else:
-            args = ["--config", "full", "--device", "cuda", "--dtype", "bfloat16", "--iters", "20", "--compile",
+            args = ["--config", "full", "--device", "cuda", "--dtype", "bfloat16", "--iters", "10", "--compile",
+                    "--graph_rows_only", "--scopes", scopes,
                     *(["--compile_prefix"] if compiled else ["--skip_compile"])]
-        cmd = [sys.executable, "bench/sampling.py", *args, "--attn", "sdpa", "--batch", str(batch), "--cameras", "2",
-               "--num_steps", "10", "--no_recompute", "--json", str(js), *(["--pi05"] if pi05 else [])]
+        cmd = [sys.executable, "bench/sampling.py", *args, "--attn", "sdpa", "--batch", str(batch), "--cameras",
+               str(cameras), "--num_steps", "10", "--no_recompute", "--json", str(js), *(["--pi05"] if pi05 else []),
+               *(["--sde"] if sde else [])]
         rc, text, sec = run(cmd, a.budget(name), out / f"{name}.log")
         res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec}
         if rc == 0 and js.is_file():
             figs = json.loads(js.read_text())
             res.update({f"{k} ms": round(v, 2) for k, v in figs["ms"].items()})
-            res.update(best=figs["best"], roofline_ms=round(figs["roofline_ms"], 3),
+            best = figs["best"]
+            res.update(best=best, chunks_per_s=round(figs["chunks_per_s"][best], 1),
+                       roofline_ms=round(figs["roofline_ms"], 3),
                        best_over_roofline=round(figs["best_over_roofline"], 2))
+            failed = {k: v for k, v in figs["notes"].items() if v.startswith("capture failed")}
+            if failed:
+                res["capture_failed"] = "; ".join(f"{k}: {v}"[:160] for k, v in failed.items())
         return res
 
     return step
@@ -204,18 +214,22 @@ def step_rl_iteration(a: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "cuda_tests": step_cuda_tests,
-    "sampling_b1": sampling_step(1),
-    "sampling_b8": sampling_step(8),
-    "sampling_pi05_b1": sampling_step(1, pi05=True),
+    # issue 40's goals: pi0 batch 1 with 2 and 3 views, pi0.5 batch 1, batch 64; issue 38's Flow-SDE at batch 32
+    "sampling_b1": sampling_step("sampling_b1", 1, scopes="call,loop"),
+    "sampling_b64": sampling_step("sampling_b64", 64),
+    "sampling_sde_b32": sampling_step("sampling_sde_b32", 32, sde=True),
+    "sampling_pi05_b1": sampling_step("sampling_pi05_b1", 1, pi05=True),
+    "sampling_b1_3cam": sampling_step("sampling_b1_3cam", 1, cameras=3),
     "train_memory": step_train_memory,
     "eval_1env": eval_step("eval_1env", lambda a: 1),
     "eval_Nenv": eval_step("eval_Nenv", lambda a: a.num_envs),
     "rl_iteration": step_rl_iteration,
-    "sampling_compiled_b1": sampling_step(1, compiled=True),
 }
-# seconds each step may take (sum 530 s: within the lent machine's 10-minute command limit; --budget overrides)
-BUDGETS = {"cuda_tests": 90, "sampling_b1": 45, "sampling_b8": 45, "sampling_pi05_b1": 45, "train_memory": 100,
-           "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40, "sampling_compiled_b1": 85}
+# seconds each step may take (the sampling steps compile the full model: about a minute each); the whole list sums to
+# 830 s, over the lent machine's 10-minute command limit: a lease runs the steps it needs with --steps (the order
+# above is the priority), --budget overrides
+BUDGETS = {"cuda_tests": 150, "sampling_b1": 130, "sampling_b64": 80, "sampling_sde_b32": 80, "sampling_pi05_b1": 90,
+           "sampling_b1_3cam": 80, "train_memory": 100, "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40}
 
 
 DRY_RUN_BUDGET = 300.0  # seconds per step of --dry-run (tiny configs take 2-20 s idle, several times that under load)
@@ -223,11 +237,11 @@ DRY_RUN_BUDGET = 300.0  # seconds per step of --dry-run (tiny configs take 2-20 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """One row per step: status, seconds and its figures."""
-    rows = [f"{'step':<14}{'status':<34}{'s':>7}  figures"]
+    rows = [f"{'step':<18}{'status':<34}{'s':>7}  figures"]
     for name, r in results.items():
         figs = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("status", "seconds"))
         sec = f"{r['seconds']:.0f}" if "seconds" in r else "-"
-        rows.append(f"{name:<14}{r['status'][:33]:<34}{sec:>7}  {figs}")
+        rows.append(f"{name:<18}{r['status'][:33]:<34}{sec:>7}  {figs}")
     e1, en = results.get("eval_1env", {}), results.get("eval_Nenv", {})
     if e1.get("episodes_per_min") and en.get("episodes_per_min"):
         rows.append(f"eval throughput: {en['num_envs']} envs / 1 env = "

@@ -6,9 +6,11 @@
         --compile_prefix --attn sdpa                          # + compiled SigLIP/prefix, CUDA-graph rows
     python bench/sampling.py --config mid --profile           # per-stage latency table of one call (torch.profiler)
     python bench/sampling.py --fast --count_ops --threads 1   # + FastSampler with/without fused layers, ops per call
+    python bench/sampling.py --config full --device cuda --dtype bfloat16 --batch 32 --sde --compile --compile_prefix \
+        --graph_rows_only --scopes call,loop                  # Flow-SDE as RL collects; whole-call vs loop-only graphs
 
-Every path runs in this process on the same random weights and inputs; prints ms per chunk, ratios against
-the eager paths, max |diff| against the eager KV-cached path, and a roofline: bytes of weights one call reads
+Every path runs in this process on the same random weights and inputs; prints ms per call, chunks per second,
+ratios against the eager paths, max |diff| against the eager KV-cached path, and a roofline: bytes of weights one call reads
 divided by the measured bandwidth of a large copy, with the fraction of it the fastest path achieves.
 """
 
@@ -147,6 +149,14 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="print a per-stage latency table of one call")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--pi05", action="store_true", help="the pi0.5 architecture (adaRMS time conditioning)")
+    p.add_argument("--sde", action="store_true",
+                   help="time Flow-SDE sampling as RL collects (noise level 1.0, stochastic step 0, seeded draws) "
+                        "instead of the deterministic sampler")
+    p.add_argument("--scopes", default="call,loop",
+                   help="CUDA-graph scopes with rows (FastSampler graph_scope): call = the whole call in one graph, "
+                        "loop = the Euler loop only")
+    p.add_argument("--graph_rows_only", action="store_true",
+                   help="with --compile on CUDA: skip the un-captured FastSampler and compiled rows (GPU time)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -168,37 +178,49 @@ def main() -> None:
           f"attn={cfg.attn_implementation} device={dev} batch={b} cameras={args.cameras} "
           f"prompt_len={args.prompt_len} steps={args.num_steps} threads={torch.get_num_threads()}")
 
-    ref = model.sample_actions(*inputs)
+    scopes = [x for x in args.scopes.split(",") if x]
+
+    def run(sampler) -> Callable[[], torch.Tensor]:
+        """One call of ``sampler`` (the model or a FastSampler) -> its chunk: deterministic, or Flow-SDE with the
+        same seeded draw on every call (so every path's chunk is comparable)."""
+        if not args.sde:
+            return lambda: (sampler.sample_actions if sampler is model else sampler)(*inputs)
+        return lambda: sampler.sample_actions_sde(*inputs[:6], num_steps=args.num_steps, noise_level=1.0, sde_step=0,
+                                                  generator=torch.Generator().manual_seed(0))["actions"]
+
+    ref = run(model)()
     paths: dict[str, Callable[[], torch.Tensor]] = {}
-    if not args.no_recompute:
+    if not args.no_recompute and not args.sde:
         paths["eager recompute"] = lambda: model.sample_actions_uncached(*inputs)
-    paths["eager kv-cached"] = lambda: model.sample_actions(*inputs)
+    paths["eager kv-cached"] = run(model)
     notes: dict[str, str] = {}
-    if args.compile or args.fast:
+    cuda = dev.startswith("cuda")
+    if (args.compile or args.fast) and not (args.graph_rows_only and cuda):
         unfused = FastSampler(model, cuda_graph=False, fuse_layers=False)
-        paths["fast unfused layers"] = lambda: unfused(*inputs)
+        paths["fast unfused layers"] = run(unfused)
         fast = FastSampler(model, cuda_graph=False)
-        paths["fast (no compile)"] = lambda: fast(*inputs)
+        paths["fast (no compile)"] = run(fast)
     if args.compile:
         opts = dict(compile=True, backend=args.backend, compile_prefix=args.compile_prefix)
-        if not args.skip_compile:
+        if not args.skip_compile and not (args.graph_rows_only and cuda):
             t0 = time.perf_counter()
             compiled = FastSampler(model, cuda_graph=False, **opts)
-            compiled(*inputs)
+            run(compiled)()
             notes["compiled"] = f"first call incl. compile {time.perf_counter() - t0:.1f} s"
-            paths["compiled"] = lambda: compiled(*inputs)
-        if dev.startswith("cuda"):
-            if not args.skip_compile:
-                graphed = FastSampler(model, cuda_graph=True, **opts)
-                graphed(*inputs)
-                if graphed.graph_error is None:
-                    paths["compiled + cuda graph"] = lambda: graphed(*inputs)
-                else:
-                    notes["compiled + cuda graph"] = f"capture failed: {graphed.graph_error}"
-            eager_graph = FastSampler(model, cuda_graph=True)
-            eager_graph(*inputs)
-            if eager_graph.graph_error is None:
-                paths["eager + cuda graph"] = lambda: eager_graph(*inputs)
+            paths["compiled"] = run(compiled)
+        if cuda:
+            for label, kw in ([] if args.skip_compile else [("compiled", opts)]) + [("eager", {})]:
+                for scope in scopes:
+                    name = f"{label} + cuda graph ({scope})"
+                    t0 = time.perf_counter()
+                    graphed = FastSampler(model, cuda_graph=True, graph_scope=scope, **kw)
+                    run(graphed)()
+                    if graphed.graph_error is None and graphed.graph_scope == scope:
+                        paths[name] = run(graphed)
+                        notes[name] = f"first call incl. capture{' and compile' if kw else ''} " \
+                                      f"{time.perf_counter() - t0:.1f} s"
+                    else:
+                        notes[name] = f"capture failed: {graphed.graph_error}"
         else:
             notes["cuda graph"] = "skipped (no CUDA device)"
 
@@ -208,20 +230,21 @@ def main() -> None:
     cpu = {name: statistics.median(c) for name, (_, c) in times.items()}
     diffs = {name: (fn() - ref).abs().max().item() for name, fn in paths.items()}
     base_r, base_c = ms.get("eager recompute"), ms["eager kv-cached"]
-    print(f"\n{'path':<24}{'ms/chunk':>10}{'vs recompute':>14}{'vs kv-cached':>14}{'cpu ms':>10}"
+    chunks = {name: b * 1000.0 / t for name, t in ms.items()}
+    print(f"\n{'path':<30}{'ms/call':>10}{'chunks/s':>10}{'vs recompute':>14}{'vs kv-cached':>14}{'cpu ms':>10}"
           f"{'cpu vs kv':>11}{'max|diff|':>11}")
     for name, t in ms.items():
         vr = f"{base_r / t:13.2f}x" if base_r else f"{'-':>14}"
-        print(f"{name:<24}{t:10.1f}{vr}{base_c / t:13.2f}x{cpu[name]:10.1f}{cpu['eager kv-cached'] / cpu[name]:10.2f}x"
-              f"{diffs[name]:11.1e}")
+        print(f"{name:<30}{t:10.1f}{chunks[name]:10.1f}{vr}{base_c / t:13.2f}x{cpu[name]:10.1f}"
+              f"{cpu['eager kv-cached'] / cpu[name]:10.2f}x{diffs[name]:11.1e}")
     print(f"(median of {args.iters}; ms/chunk is wall time, cpu ms the process CPU time of the call)")
     if ops:
         base = ops["eager kv-cached"]["top"]
         kern = "kernels" in ops["eager kv-cached"]
-        head = f"\n{'path':<24}{'ops/call':>10}{'vs kv-cached':>14}{'incl. nested':>14}"
+        head = f"\n{'path':<30}{'ops/call':>10}{'vs kv-cached':>14}{'incl. nested':>14}"
         print(head + (f"{'kernels':>10}" if kern else ""))
         for name, o in ops.items():
-            row = f"{name:<24}{o['top']:10d}{o['top'] / base:13.2f}x{o['all']:14d}"
+            row = f"{name:<30}{o['top']:10d}{o['top'] / base:13.2f}x{o['all']:14d}"
             print(row + (f"{o['kernels']:10d}" if kern else ""))
         print("(ops/call: aten ops dispatched by one call, torch.profiler; incl. nested: with those composite ops "
               "dispatch inside)")
@@ -239,7 +262,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "pi05": args.pi05, "device": dev, "dtype": cfg.dtype, "batch": b, "cameras": args.cameras,
-                       "num_steps": args.num_steps, "iters": args.iters, "ms": ms, "max_abs_diff": diffs, "ops": ops,
+                       "num_steps": args.num_steps, "iters": args.iters, "sde": args.sde, "ms": ms,
+                       "chunks_per_s": chunks, "max_abs_diff": diffs, "ops": ops,
                        "notes": notes, "weight_gb_per_call": parts["total"] / 1e9, "copy_gb_per_s": bw / 1e9,
                        "roofline_ms": floor, "best": best, "best_over_roofline": ms[best] / floor}, f, indent=2)
 

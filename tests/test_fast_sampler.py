@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import model_inputs
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
@@ -171,17 +172,31 @@ def test_cuda_graph_guard_on_cpu(model):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
-@pytest.mark.parametrize("compile", [False, True])
-def test_cuda_graph_matches_eager(compile):
+@pytest.mark.parametrize("compile,scope", [(False, "call"), (True, "call"), (False, "loop"), (True, "loop")])
+def test_cuda_graph_matches_eager(compile, scope):
     m = _random_model("sdpa").cuda()
     inp = [[t.cuda() for t in x] if isinstance(x, list) else x.cuda() for x in _inputs(m.cfg)]
     ref = m.sample_actions(*inp, num_steps=10)
-    fast = FastSampler(m, compile=compile, cuda_graph=True)
+    fast = FastSampler(m, compile=compile, compile_prefix=compile, cuda_graph=True, graph_scope=scope)
     for seed in range(3):  # capture, then replays with fresh copy-in
         noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed)).cuda()
         out = fast(*inp[:5], noise=noise, num_steps=10)
         assert fast.graph_error is None and len(fast._graphs) == 1
+        assert (next(iter(fast._graphs))[0] == "call") == (scope == "call")
         torch.testing.assert_close(out, m.sample_actions(*inp[:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
+    images = [img.flip(-1) for img in inp[0]]  # new inputs of the same plan: the same graph, fresh copy-in
+    torch.testing.assert_close(fast(images, *inp[1:5], noise=noise, num_steps=10),
+                               m.sample_actions(images, *inp[1:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
+    with torch.no_grad():  # an RL update in place: the replayed graph reads the refreshed fused weights
+        m.action_time_mlp_in.bias.add_(0.3)
+        m.paligemma_with_expert.paligemma.vision_tower.vision_model.post_layernorm.weight.mul_(1.5)
+    out = fast(*inp[:5], noise=noise, num_steps=10)
+    assert len(fast._graphs) == 1
+    torch.testing.assert_close(out, m.sample_actions(*inp[:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
+    other = [inp[1][0], inp[1][0], inp[1][0]]  # all three cameras live: another plan, another graph
+    torch.testing.assert_close(fast(inp[0], other, *inp[2:5], noise=noise, num_steps=10),
+                               m.sample_actions(inp[0], other, *inp[2:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
+    assert len(fast._graphs) == 2 and fast.graph_error is None
 
 
 @pytest.mark.cuda
@@ -424,3 +439,79 @@ def test_all_masked_camera_is_skipped_and_changes_nothing(model, pi05_model, pi0
     # the same inputs with camera 2 unmasked for one sample do change the chunk (the test can see a camera)
     masks = [inp[1][0], inp[1][1], torch.arange(2) == 1]
     assert (m.sample_actions(inp[0], masks, *inp[2:], num_steps=4) - present).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------- the whole call as one graph (issue 40 item 1)
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::item"}
+
+
+class _OpLog(TorchDispatchMode):
+    """Records the name of every aten op dispatched inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_plan_reads_live_cameras_and_prompt_bucket_by_hand(model):
+    _, masks, _, tmask, _, _ = _inputs(model.cfg)  # cameras: all, sample 0 only, none; prompts of 7 and 13
+    fast = FastSampler(model)
+    assert fast.plan(masks, tmask) == ((0, 1), 13)
+    assert fast.plan(masks, tmask, multiple=16) == ((0, 1), 16)
+    assert fast.plan([masks[2], masks[0]], tmask[:, :5], multiple=16) == ((1,), 5)  # never beyond L
+    assert FastSampler(model, trim_prompt=False).plan(masks, tmask) == ((0, 1), model.cfg.max_token_len)
+    with pytest.raises(ValueError, match="graph_scope must be one of"):
+        FastSampler(model, graph_scope="prefix")
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+def test_whole_call_closure_has_no_host_sync_and_matches_eager(model, pi05_model, pi05):
+    """What a whole-call CUDA graph captures (SigLIP, prefix, cache set-up, Euler loop) dispatches no op that reads
+    a device value on the host, and gives the eager chunk; the un-planned prefix does read (so this can fail)."""
+    m = pi05_model if pi05 else model
+    imgs, masks, tokens, tmask, state, noise = _inputs(m.cfg)
+    fast = FastSampler(m)
+    fast(imgs, masks, tokens, tmask, state, noise=noise, num_steps=4)  # builds the fused weights
+    times = fast._time_inputs(euler_times(4), 2, state.device)
+    key, run = fast.call_fn(imgs, masks, tokens, tmask, state, noise, ("ode", 4),
+                            lambda buf, st, v: fast._loop(buf, times, -1.0 / 4))
+    assert key == ("call", 2, ((0, 1), 16), "ode", 4)
+    with torch.no_grad(), _OpLog() as log:
+        out = run()
+    assert not SYNC_OPS & set(log.ops), sorted(SYNC_OPS & set(log.ops))
+    torch.testing.assert_close(out, m.sample_actions(imgs, masks, tokens, tmask, state, noise=noise, num_steps=4),
+                               atol=ATOL, rtol=0)
+    with torch.no_grad(), _OpLog() as unplanned:
+        fast.encode(imgs, masks, tokens, tmask, state)
+    assert SYNC_OPS & set(unplanned.ops)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+def test_whole_call_path_through_the_public_calls(model, pi05_model, pi05, monkeypatch):
+    """sample_actions / sample_actions_sde on the whole-call path (the graph replay stood in by running the
+    closure: CUDA graphs need a GPU, see the cuda tests) equal eager, fresh copy-in on every call; the SDE keeps
+    the eager generator calls (same step, same draw) and the value head."""
+    m = pi05_model if pi05 else model
+    imgs, masks, tokens, tmask, state, noise = _inputs(m.cfg)
+    fast = FastSampler(m)
+    monkeypatch.setattr(fast, "_use_graph", lambda device: True)
+    replayed: list[tuple] = []
+    monkeypatch.setattr(fast, "_replay", lambda key, loop: (replayed.append(key), loop())[1])
+    for seed in range(2):
+        nz = torch.randn(noise.shape, generator=torch.Generator().manual_seed(seed))
+        out = fast(imgs, masks, tokens, tmask, state, noise=nz, num_steps=4)
+        ref = m.sample_actions(imgs, masks, tokens, tmask, state, noise=nz, num_steps=4)
+        torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+        g = lambda: torch.Generator().manual_seed(20 + seed)  # noqa: E731
+        sde = fast.sample_actions_sde(imgs, masks, tokens, tmask, state, nz, num_steps=4, noise_level=0.7,
+                                      generator=g())
+        eager = m.sample_actions_sde(imgs, masks, tokens, tmask, state, nz, num_steps=4, noise_level=0.7,
+                                     generator=g())
+        assert sde["sde_step"] == eager["sde_step"] and sde.keys() == eager.keys()
+        for k in ("chain", "log_prob", "value") if pi05 else ("chain", "log_prob"):
+            torch.testing.assert_close(sde[k], eager[k], atol=ATOL, rtol=0, msg=k)
+    assert [k[0] for k in replayed] == ["call"] * 4 and {k[3] for k in replayed} == {"ode", "sde"}

@@ -15,8 +15,13 @@
   (``pi0.models.fused``: q/k/v and gate/up in one GEMM each, RMSNorm scales folded into the next linear, pi0.5's
   adaRMS modulations precomputed per Euler time, RoPE and the KV-cache write in a few ops, SDPA), about a third of
   the operators per call (``bench/sampling.py --count_ops``); the last prefix layer stops after its keys/values;
-* optionally ``torch.compile`` on the denoise step and, on CUDA, one CUDA graph of the whole Euler loop
-  per (batch size, cache bucket, num_steps), replayed with copy-in / copy-out.
+* optionally ``torch.compile`` on the denoise step (``compile_prefix``: SigLIP and the prefix pass too) and, on
+  CUDA, CUDA graphs replayed with copy-in / copy-out. ``graph_scope="call"`` (default) captures the whole call:
+  SigLIP, the prefix pass, the cache set-up and every Euler step, one graph per (batch size, live cameras,
+  prompt bucket, num_steps[, stochastic step]); the data-dependent choices (which cameras are live, where the
+  prompt padding starts) are read on the host once per call before the replay (:meth:`FastSampler.plan`), so
+  nothing inside the graph synchronises. ``graph_scope="loop"`` captures the Euler loop only (the prefix runs
+  un-captured, as before this option).
 
 ``FastSampler.sample_actions_sde`` runs Flow-SDE (``pi0.models.flow_sde``, RL collection) on the same cached prefix,
 static buffers and step function, with the eager sampler's generator calls (CUDA graph: one per stochastic step).
@@ -46,6 +51,8 @@ from pi0.models.fused import (FusedWeights, _copy_into, adarms_modulations, cach
 from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_coefficients, sde_mean, sde_times
 
 BACKENDS = ("inductor", "aot_eager", "eager")
+GRAPH_SCOPES = ("call", "loop")
+PROMPT_BUCKET = 16  # graphed or compiled calls trim the prompt to a multiple of this: few shapes, few graphs
 
 
 def trim_prompt_padding(tokens: torch.Tensor, mask: torch.Tensor, multiple: int = 1
@@ -119,16 +126,19 @@ class FastSampler:
 
     def __init__(self, model: Any, compile: bool = False, backend: str = "inductor", cuda_graph: bool | None = None,
                  trim_prompt: bool = True, fuse_projections: bool = True, batch_cameras: bool = True,
-                 cache_bucket: int = 16, warmup: int = 2, compile_prefix: bool = False, fuse_layers: bool = True):
+                 cache_bucket: int = 16, warmup: int = 2, compile_prefix: bool = False, fuse_layers: bool = True,
+                 graph_scope: str = "call"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if graph_scope not in GRAPH_SCOPES:
+            raise ValueError(f"graph_scope must be one of {GRAPH_SCOPES}, got {graph_scope!r}")
         if cache_bucket < 1:
             raise ValueError(f"cache_bucket must be >= 1, got {cache_bucket}")
         self.model = model
         self.options = dict(compile=compile, backend=backend, cuda_graph=cuda_graph, trim_prompt=trim_prompt,
                             fuse_projections=fuse_projections, batch_cameras=batch_cameras,
                             cache_bucket=cache_bucket, warmup=warmup, compile_prefix=compile_prefix,
-                            fuse_layers=fuse_layers)
+                            fuse_layers=fuse_layers, graph_scope=graph_scope)
         self.compile, self.backend, self.cuda_graph = compile, backend, cuda_graph
         self.trim_prompt, self.fuse_projections, self.batch_cameras = trim_prompt, fuse_projections, batch_cameras
         self.cache_bucket, self.warmup = cache_bucket, warmup
@@ -146,7 +156,10 @@ class FastSampler:
         self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._consts: dict[tuple, dict[str, Any]] = {}
         self._sde_statics: dict[tuple, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
-        self.graph_error: str | None = None  # why CUDA-graph capture fell back to the un-captured loop
+        # graph_scope "call": SigLIP + prefix + Euler loop in one CUDA graph; "loop": the Euler loop only
+        self.graph_scope = graph_scope
+        self._call_statics: dict[tuple, dict[str, Any]] = {}  # whole-call graphs' static inputs, per graph key
+        self.graph_error: str | None = None  # why CUDA-graph capture fell back (call -> loop -> un-captured)
         self._param_ptrs: tuple[int, ...] = ()
 
     @property
@@ -241,16 +254,22 @@ class FastSampler:
         return self._prefix_fns
 
     def embed_prefix(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-                     lang_masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     lang_masks: torch.Tensor, live_cameras: tuple[int, ...] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``PI0Model.embed_prefix`` with every live camera in ONE SigLIP pass (weights read once, not per camera).
 
         Images C x (B,3,S,S), masks C x (B,), tokens/masks (B,L) -> embs (B,Tp,D), pad (B,Tp), ar (Tp,).
+        ``live_cameras``: the indices of the cameras to encode, decided beforehand (:meth:`plan`; no host sync
+        here); None reads the masks (a camera masked in every sample is skipped).
         """
         m = self.model
         if not self.batch_cameras:
             return m.embed_prefix(images, img_masks, lang_tokens, lang_masks)
         pwe = m.paligemma_with_expert
-        live = [(img, mask) for img, mask in zip(images, img_masks) if bool(mask.any())]  # all-masked: skipped
+        if live_cameras is None:  # all-masked cameras skipped
+            live = [(img, mask) for img, mask in zip(images, img_masks) if bool(mask.any())]
+        else:
+            live = [(images[i], img_masks[i]) for i in live_cameras]
         embs, pads = [], []
         if live:
             b = live[0][0].shape[0]
@@ -263,17 +282,40 @@ class FastSampler:
         emb, pad = torch.cat(embs, 1), torch.cat(pads, 1)
         return emb, pad, torch.zeros(emb.shape[1], dtype=torch.bool, device=emb.device)
 
+    def plan(self, img_masks: list[torch.Tensor], lang_masks: torch.Tensor, multiple: int = 1
+             ) -> tuple[tuple[int, ...], int]:
+        """The call's data-dependent shape choices, read on the host in one device-to-host copy: (indices of the
+        cameras some sample sees, prompt columns to keep: ``trim_prompt_padding``'s length at ``multiple``)."""
+        cams = (torch.stack([mk.bool().any() for mk in img_masks]) if img_masks
+                else lang_masks.new_zeros(0, dtype=torch.bool))  # (C,)
+        flags = torch.cat([cams.bool(), lang_masks.bool().any(0)]).cpu()  # (C + L,)
+        live = tuple(i for i in range(len(img_masks)) if bool(flags[i]))
+        if not self.batch_cameras:  # PI0Model.embed_prefix reads the masks itself
+            live = tuple(range(len(img_masks)))
+        cols, length = flags[len(img_masks):], lang_masks.shape[1]
+        if not self.trim_prompt:
+            return live, length
+        idx = torch.nonzero(cols)
+        keep = max(int(idx[-1]) + 1, 1) if idx.numel() else 1
+        return live, min(round_up(keep, multiple), length)
+
     def encode(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-               lang_masks: torch.Tensor, state: torch.Tensor, value: bool = False
-               ) -> _Buffers | tuple[_Buffers, torch.Tensor]:
+               lang_masks: torch.Tensor, state: torch.Tensor, value: bool = False,
+               plan: tuple[tuple[int, ...], int] | None = None) -> _Buffers | tuple[_Buffers, torch.Tensor]:
         """Prefix + state token in one pass -> static buffers holding their KV cache (B, C, K, H) per layer
         [, with ``value``: the value head's V (B,) of this pass (pi0: the state token's output; pi0.5: the mean
-        valid prefix output, as ``PI0Model.value_from``)]."""
+        valid prefix output, as ``PI0Model.value_from``)]. ``plan`` (:meth:`plan`): live cameras and prompt
+        length decided beforehand, so that this pass never synchronises with the host (a whole-call CUDA graph)."""
         m = self.model
-        if self.trim_prompt:
-            lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks, 16 if self.compile_prefix else 1)
+        live = None
+        if plan is not None:
+            live, keep = plan
+            lang_tokens, lang_masks = lang_tokens[:, :keep], lang_masks[:, :keep]
+        elif self.trim_prompt:
+            lang_tokens, lang_masks = trim_prompt_padding(lang_tokens, lang_masks,
+                                                          PROMPT_BUCKET if self.compile_prefix else 1)
         with record_function("pi0.models.siglip+embed"):
-            emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks)
+            emb, pad, ar = self.embed_prefix(images, img_masks, lang_tokens, lang_masks, live)
         with record_function("pi0.prefix"):
             b = pad.shape[0]
             if m.cfg.pi05:  # no state token: the cache is the prefix's
@@ -461,13 +503,72 @@ class FastSampler:
                 self._graphs[key] = (graph, out)
             except Exception as e:  # noqa: BLE001 - a robot should keep acting on the un-captured loop
                 self.graph_error = f"{type(e).__name__}: {e}"
-                warnings.warn(f"CUDA graph capture failed, using the un-captured loop: {self.graph_error}")
-                self.cuda_graph = False
+                whole = key[0] == "call"
+                fallback = "the Euler loop graph" if whole else "the un-captured loop"
+                warnings.warn(f"CUDA graph capture failed, using {fallback}: {self.graph_error}")
+                if not whole:
+                    self.cuda_graph = False
+                try:
+                    torch.cuda.synchronize()  # drain what the failed capture left queued
+                except RuntimeError:
+                    pass
                 return None
         graph, out = self._graphs[key]
         graph.replay()
         # copy-out: the next replay overwrites `out`
         return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    def _call_graph(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                    lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, tag: tuple,
+                    body: Callable[[_Buffers, dict[str, Any], torch.Tensor | None], Any], value: bool = False,
+                    extra: dict[str, torch.Tensor] | None = None) -> Any:
+        """The whole call (SigLIP, prefix pass, cache set-up, ``body``'s loop) as ONE CUDA graph -> body's outputs,
+        cloned; None when capture failed (``graph_error`` says why; later calls capture the loop only).
+
+        The graph of (batch, plan, ``tag``) is captured on first use and replayed after :meth:`call_fn`'s copy-in.
+        """
+        key, run = self.call_fn(images, img_masks, lang_tokens, lang_masks, state, noise, tag, body, value, extra)
+        if key not in self._graphs:
+            run()  # first call un-captured on this stream: allocates the static cache buffers outside the graph pool
+        out = self._replay(key, run)
+        if out is None:
+            self.graph_scope = "loop"  # capture failed: keep graphing the Euler loop alone
+        return out
+
+    def call_fn(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, tag: tuple,
+                body: Callable[[_Buffers, dict[str, Any], torch.Tensor | None], Any], value: bool = False,
+                extra: dict[str, torch.Tensor] | None = None) -> tuple[tuple, Callable[[], Any]]:
+        """(graph key, the whole call as a closure over static tensors), with this call's inputs copied in.
+
+        The live cameras and the prompt bucket are read on the host first (:meth:`plan`, the call's only
+        device-to-host copy); the inputs go into static tensors of that plan; the closure then runs SigLIP, the
+        prefix pass, the cache set-up and ``body(buf, statics, value)`` (``statics`` holds ``extra``'s static copies,
+        refreshed each call: the SDE's coefficients and draw) with no host synchronisation, as capture needs.
+        """
+        dev = self.model.action_in_proj.weight.device
+        plan = self.plan(img_masks, lang_masks, PROMPT_BUCKET)
+        live, keep = plan
+        inputs = {"tokens": lang_tokens[:, :keep], "masks": lang_masks[:, :keep], "state": state, "noise": noise,
+                  **{f"image{i}": images[i] for i in live}, **{f"img_mask{i}": img_masks[i] for i in live},
+                  **(extra or {})}
+        key = ("call", state.shape[0], plan, *tag)
+        st = self._call_statics.get(key)
+        if st is None:  # static copies on the model's device (a graph cannot copy from pageable host memory)
+            st = self._call_statics[key] = {k: torch.empty(v.shape, dtype=v.dtype, device=dev)
+                                            for k, v in inputs.items()}
+        for k, v in inputs.items():  # copy-in
+            st[k].copy_(v, non_blocking=True)
+
+        def run() -> Any:
+            cams = [st.get(f"image{i}") for i in range(len(images))]
+            cam_masks = [st.get(f"img_mask{i}") for i in range(len(images))]
+            enc = self.encode(cams, cam_masks, st["tokens"], st["masks"], st["state"], value=value, plan=plan)
+            buf, v = enc if value else (enc, None)
+            buf.x.copy_(st["noise"])
+            return body(buf, st, v)
+
+        return key, run
 
     def _check_call(self, state: torch.Tensor, noise: torch.Tensor | None, num_steps: int) -> torch.Tensor:
         """Validate the call, drop stale CUDA graphs (weights re-allocated) -> noise (B,Ha,A)."""
@@ -498,6 +599,12 @@ class FastSampler:
         noise = self._check_call(state, noise, num_steps)
         use_graph = self._use_graph(state.device)
         time_inputs, dt = self._time_inputs(euler_times(num_steps), state.shape[0], state.device), -1.0 / num_steps
+        if use_graph and self.graph_scope == "call":
+            out = self._call_graph(images, img_masks, lang_tokens, lang_masks, state, noise,
+                                   ("ode", num_steps, id(time_inputs[0])),
+                                   lambda buf, st, v: self._loop(buf, time_inputs, dt))
+            if out is not None:
+                return out
         buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
         buf.x.copy_(noise)  # copy-in
         if use_graph:
@@ -525,6 +632,24 @@ class FastSampler:
         noise = self._check_call(state, noise, num_steps)
         use_graph = self._use_graph(state.device)
         time_inputs = self._time_inputs(times, state.shape[0], state.device)
+        want_value = bool(self.model.cfg.value_head)
+        eps: torch.Tensor | None = None  # the step's N(0,1) draw, once per call whichever path computes it
+        if use_graph and self.graph_scope == "call":
+            coefs = sde_coefficients(times[sde_step], dt, noise_level, noise.to(state.device, torch.float32))
+            eps = torch.randn(noise.shape, generator=generator, device="cpu")  # the eager draw, on the CPU
+            extra = {"one_minus_t": coefs[0], "coef": coefs[1], "std": coefs[2], "eps": eps}
+
+            def body(buf: _Buffers, st: dict[str, Any], v: torch.Tensor | None) -> tuple:
+                chain, log_prob = self._sde_loop(buf, time_inputs, dt, sde_step,
+                                                 (st["one_minus_t"], st["coef"], st["std"]), lambda: st["eps"])
+                return (chain, log_prob, v) if v is not None else (chain, log_prob)
+
+            out = self._call_graph(images, img_masks, lang_tokens, lang_masks, state, noise,
+                                   ("sde", num_steps, sde_step, want_value, id(time_inputs[0])), body,
+                                   value=want_value, extra=extra)
+            if out is not None:
+                res = {"actions": out[0][:, -1], "chain": out[0], "sde_step": sde_step, "log_prob": out[1]}
+                return {**res, "value": out[2]} if want_value else res
         value = None
         if self.model.cfg.value_head:
             buf, value = self.encode(images, img_masks, lang_tokens, lang_masks, state, value=True)
@@ -532,7 +657,9 @@ class FastSampler:
             buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
         buf.x.copy_(noise)  # copy-in
         coefs = sde_coefficients(times[sde_step], dt, noise_level, buf.x)
-        draw = lambda: torch.randn(buf.x.shape, generator=generator, device="cpu").to(buf.x.device)  # noqa: E731
+        if eps is None:
+            eps = torch.randn(buf.x.shape, generator=generator, device="cpu")
+        draw = lambda: eps.to(buf.x.device)  # noqa: E731
         out = None
         if use_graph:
             key = (id(buf), id(time_inputs[0]), "sde", sde_step)
