@@ -170,6 +170,9 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     for name in ("sft_schedule", "rft_schedule", "rl_schedule"):
         if getattr(cfg, name) not in SCHEDULES:
             raise SystemExit(f"error: --{name} must be one of {SCHEDULES}, got {getattr(cfg, name)!r}")
+    if not -1 <= cfg.sde_step < TinyArenaConfig.num_steps:
+        raise SystemExit(f"error: --sde_step must be -1 (drawn) or a denoising step 0..{TinyArenaConfig.num_steps - 1} "
+                         f"of the bench's {TinyArenaConfig.num_steps}-step policy, got {cfg.sde_step}")
     if cfg.stage == "tune" and cfg.tuned:
         raise SystemExit("error: --tuned applies to --stage report; the tune stage writes tune.json")
     grid(cfg)
@@ -195,6 +198,9 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
         if key.endswith("_schedule") and out[key] not in SCHEDULES:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {SCHEDULES}")
+        if key == "sde_step" and not -1 <= out[key] < TinyArenaConfig.num_steps:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn) or a denoising step "
+                             f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy")
     return out
 
 

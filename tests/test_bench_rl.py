@@ -185,6 +185,11 @@ def test_tuned_settings_are_checked_before_any_work(tmp_path):
         bench.splits(cfg("--tune_rl", "lr=1e-4"))
     with pytest.raises(SystemExit, match="is not a float"):
         bench.parse_entry("lr=fast", "rl")
+    with pytest.raises(SystemExit, match="sde_step must be -1 .drawn. or a denoising step 0..4"):
+        bench.parse_entry("sde_step=9", "rl")  # the bench's policy takes 5 Euler steps
+    assert bench.parse_entry("sde_step=4", "rl") == {"sde_step": 4}
+    with pytest.raises(SystemExit, match="--sde_step must be"):
+        bench.splits(cfg("--sde_step", "5"))
     tuned = tmp_path / "tune.json"
     rec = {"env": "arena", "task": [4], "val_range": [28, 32],
            "best": {"rl": "lr=3e-5", "sft": "sft_arm_lr=3e-4,sft_schedule=cosine", "rft": "rft_lr=1e-4"}}
