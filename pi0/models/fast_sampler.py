@@ -558,7 +558,7 @@ class FastSampler:
             st = self._call_statics[key] = {k: torch.empty(v.shape, dtype=v.dtype, device=dev)
                                             for k, v in inputs.items()}
         for k, v in inputs.items():  # copy-in
-            st[k].copy_(v, non_blocking=True)
+            st[k].copy_(v)
 
         def run() -> Any:
             cams = [st.get(f"image{i}") for i in range(len(images))]
