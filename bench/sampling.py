@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
-from pi0.models.fast_sampler import FastSampler, copy_bandwidth, weight_bytes_per_call
+from pi0.models.fast_sampler import FastSampler
+from pi0.models.roofline import copy_bandwidth, weight_bytes_per_call
 from pi0.modeling_pi0 import PI0Model
 
 # name -> (paligemma, expert, vision, vocab); "mid" is a 4-layer 2B-width model for CPU profiles.

@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import model_inputs
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 from pi0.models.gemma import rms_normalize
-from pi0.models.fast_sampler import (FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding,
-                              weight_bytes_per_call)
+from pi0.models.fast_sampler import FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding
+from pi0.models.roofline import weight_bytes_per_call
 from pi0.modeling_pi0 import PI0Model, PI0Policy
 from pi0.policies.presets import synthetic_observation, tiny_policy
 
