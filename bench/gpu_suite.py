@@ -1,4 +1,4 @@
-"""Every GPU check in one command, for a session lent a GPU (about 14 minutes: a lease runs a part, ``--steps``).
+"""Every GPU check in one command, for a session lent a GPU (about 18 minutes: a lease runs a part, ``--steps``).
 
     python3 bench/gpu_suite.py --out runs/gpu_suite       # on the lent machine: CUDA, full-size bf16 figures
     .venv/bin/python bench/gpu_suite.py --dry-run         # CPU, tiny configs, each step small (CI runs this)
@@ -21,6 +21,9 @@ never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one
    installed, else the arena (the row says which).
 5. ``rl_iteration``: one RL iteration (collect, update, evaluate, checkpoint) with a tiny model on the GPU
    (``8_train_with_epochs.py``), LIBERO when installed, else the arena.
+6. ``rl_throughput``: ``bench/rl_throughput.py``'s GPU row: RL iterations of full-size pi0 (random weights, bf16,
+   ``trainable=expert``) on the arena at 224 px, 4 groups x 8 rollouts, today's path (eager Flow-SDE) against the
+   fast one (FastSampler under a CUDA graph) in one process: seconds per iteration, collection / update, the ratio.
 
 The lent machine has its own Python with torch but no network: packages it lacks (omegaconf, gymnasium, ...) travel
 as wheels and the test fixtures as ``.shared/`` (``PI0_SHARED``); ``bench/gpu_wheels.sh`` prepares both. A step
@@ -212,6 +215,35 @@ def step_rl_iteration(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     return res
 
 
+ITERATION = re.compile(r"\[(\w+)\] iteration \d+/\d+: ([\d.]+) s \(collect ([\d.]+), update ([\d.]+)\)")
+
+
+def step_rl_throughput(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """bench/rl_throughput.py's GPU row (dry run: the tiny model, one small iteration per path) -> each path's mean
+    seconds per iteration, collection and update, read from its per-iteration lines (so a step that runs out of its
+    budget still reports the iterations it finished) and the ratio."""
+    size = (["--random_init", "tiny", "--num_groups", "1", "--group_size", "2", "--max_steps", "10", "--resolution",
+             "56", "--minibatch_size", "4", "--iterations", "1", "--warmup", "0"] if a.dry_run else
+            ["--random_init", "full", "--iterations", "3", "--warmup", "1"])
+    cmd = [sys.executable, "bench/rl_throughput.py", "--env", "arena", "--trainable", "expert", "--device", a.device,
+           "--paths", "baseline,fast", "--json_out", str(out / "rl_throughput.json"), *size]
+    rc, text, sec = run(cmd, a.budget("rl_throughput"), out / "rl_throughput.log")
+    res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec}
+    # the timed iterations only: the warm-up ones print nothing
+    per: dict[str, list[tuple[float, ...]]] = {}
+    for m in ITERATION.finditer(text):
+        per.setdefault(m.group(1), []).append(tuple(float(m.group(i)) for i in (2, 3, 4)))
+    for path, rows in per.items():
+        mean = [sum(c) / len(rows) for c in zip(*rows)]
+        res.update({f"{path}_iter_s": round(mean[0], 2), f"{path}_collect_s": round(mean[1], 2),
+                    f"{path}_update_s": round(mean[2], 2), f"{path}_iterations": len(rows)})
+    if "baseline_iter_s" in res and "fast_iter_s" in res:
+        res["ratio"] = round(res["baseline_iter_s"] / res["fast_iter_s"], 2)
+    if rc == 0 and "fast_iter_s" not in res:
+        res["status"] = "failed (no iteration logged)"
+    return res
+
+
 STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "cuda_tests": step_cuda_tests,
     # issue 40's goals: pi0 batch 1 with 2 and 3 views, pi0.5 batch 1, batch 64; issue 38's Flow-SDE at batch 32
@@ -224,12 +256,14 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "eval_1env": eval_step("eval_1env", lambda a: 1),
     "eval_Nenv": eval_step("eval_Nenv", lambda a: a.num_envs),
     "rl_iteration": step_rl_iteration,
+    "rl_throughput": step_rl_throughput,  # issue 38's GPU row
 }
 # seconds each step may take (the sampling steps compile the full model: about a minute each); the whole list sums to
-# 830 s, over the lent machine's 10-minute command limit: a lease runs the steps it needs with --steps (the order
+# 1,070 s, over the lent machine's 10-minute command limit: a lease runs the steps it needs with --steps (the order
 # above is the priority), --budget overrides
 BUDGETS = {"cuda_tests": 150, "sampling_b1": 130, "sampling_b64": 80, "sampling_sde_b32": 80, "sampling_pi05_b1": 90,
-           "sampling_b1_3cam": 80, "train_memory": 100, "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40}
+           "sampling_b1_3cam": 80, "train_memory": 100, "eval_1env": 40, "eval_Nenv": 40, "rl_iteration": 40,
+           "rl_throughput": 240}
 
 
 DRY_RUN_BUDGET = 300.0  # seconds per step of --dry-run (tiny configs take 2-20 s idle, several times that under load)

@@ -259,13 +259,15 @@ def tiny_config(cfg: Config) -> TinyArenaConfig:
     return TinyArenaConfig(seed=cfg.seed, max_token_len=24 if cfg.env == "arena" else 32)
 
 
-def make_runner(cfg: Config, policy: PI0Policy, num_envs: int = 0):
+def make_runner(cfg: Config, policy: PI0Policy, num_envs: int = 0, resolution: int = 64,
+                max_steps: int | None = None):
     """A runner of the bench's env: ``--num_envs`` envs, else ``num_envs``, else 2 x num_groups x group_size
-    (MetaWorld: over ``--workers`` processes)."""
+    (MetaWorld: over ``--workers`` processes), rendering at ``resolution`` px, episodes capped at ``max_steps``
+    (None: the env's own cap)."""
     n = cfg.num_envs or num_envs or 2 * cfg.num_groups * cfg.group_size
     per = -(-n // max(1, cfg.workers))
-    return env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=num_init_states(cfg),
-                      envs_per_worker=per, overlap=cfg.overlap)
+    return env_runner(cfg.env, n, policy.config.n_action_steps, resolution, max_steps,
+                      num_init_states=num_init_states(cfg), envs_per_worker=per, overlap=cfg.overlap)
 
 
 def next_num_demos(n: int, plateau: float, band: list[float], max_n: int) -> int | None:

@@ -6,11 +6,12 @@ iterations interleaved (one of each in turn, so both see the same load), each fo
 after ``--warmup`` untimed ones:
 
 * ``baseline`` (today's path before this bench): eager ``PI0Model.sample_actions_sde``, sequential collection rounds
-  (``algo.oversample=0``), the arena's 32 in-process envs / MetaWorld's ``--baseline_num_envs`` single-env workers;
+  (``algo.oversample=0``), the arena's 32 in-process envs / MetaWorld's ``--baseline_num_envs`` single-env workers,
+  and with ``--trainable expert`` the update's joint pass over prefix and suffix (``cache_frozen_prefix=False``);
 * ``fast``: Flow-SDE through ``FastSampler`` (``algo.fast_sampling``), every group of an oversampled round in flight
   (``algo.oversample``; the first informative groups kept, the rest abandoned), MetaWorld's envs packed
   ``envs_per_worker`` to a process over ``--workers`` processes, and the ``--trainable`` update (``expert``: the
-  frozen prefix runs once per window and iteration).
+  frozen prefix runs without gradient, once per window and iteration, and only the expert is differentiated).
 
 Reported per path: seconds per iteration (collection / update), episodes per minute (episodes of the groups the
 iteration used), decisions per second (observations through the policy per second of collection), update windows
@@ -20,6 +21,14 @@ per second, groups rolled per iteration. The last line is
     .venv/bin/python bench/rl_throughput.py --env arena --iterations 30
     .venv/bin/python bench/rl_throughput.py --env metaworld --task 1 2 5 --num_demos 20 --train_states 200 \
         --val_start 200 --val_states 20 --eval_start 250 --eval_states 70 --iterations 5
+
+The GPU row (``bench/gpu_suite.py``'s ``rl_throughput`` step) times full-size pi0 instead of the bench's tiny start:
+``--random_init full`` builds pi0 (PaliGemma 2B + the 300M expert, bf16) with random weights on ``--device``, the
+arena renders at the model's 224 px, and the update trains ``--trainable expert`` in bf16 with float32 masters.
+Random weights never succeed, so dynamic sampling is off there (every group is kept and trained on: the cost of an
+iteration, not its learning) and no held-out evaluation runs:
+
+    python bench/rl_throughput.py --random_init full --device cuda --trainable expert --iterations 3 --warmup 1
 """
 
 from __future__ import annotations
@@ -61,6 +70,11 @@ class Config(rlb.Config):
     # for every path): the learning at equal iterations, not only the speed (0: skip)
     final_eval: int = 0
     device: str = "cpu"  # where the policy samples and trains (the envs stay on the host's cores)
+    # "": the bench's cached converged start; "full": pi0's full size with random weights in bf16, the GPU
+    # row; "tiny": Pi0Config.tiny the same way (a check that the row runs). Random weights: dynamic sampling off
+    random_init: str = ""
+    resolution: int = 0  # the envs' render size (0: 64 for the bench's start, the model's image size when random)
+    max_steps: int = 0  # episode step cap (0: the env's own)
 
 
 class CountingPolicy:
@@ -80,31 +94,66 @@ class CountingPolicy:
         return out
 
 
-def rl_config(cfg: Config, fast: bool, oversample: float | None = None) -> RLConfig:
+RANDOM_INIT = ("", "full", "tiny")
+
+
+def rl_config(cfg: Config, fast: bool, oversample: float | None = None, policy: PI0Policy | None = None) -> RLConfig:
     """The RL arm's settings (``rl_improvement.rl_config``), on today's path or the fast one (``oversample``:
-    instead of ``cfg.oversample``)."""
+    instead of ``cfg.oversample``); a random-weight ``policy`` trains in its own dtype with every group kept."""
     over = (cfg.oversample if oversample is None else oversample) if fast else 0.0
-    return dataclasses.replace(rlb.rl_config(cfg), oversample=over, fast_sampling=fast)
+    rl = dataclasses.replace(rlb.rl_config(cfg), oversample=over, fast_sampling=fast)
+    if cfg.random_init:
+        bf16 = policy is not None and policy.config.model.dtype == "bfloat16"
+        rl = dataclasses.replace(rl, dynamic_sampling=False, precision="bf16" if bf16 else "float32")
+    return rl
+
+
+def random_policy(cfg: Config) -> PI0Policy:
+    """pi0 of ``--random_init`` size with random weights, built on ``--device`` (the seed fixes them, so every
+    path gets the same ones), bf16 at full size or on CUDA; the arena's 8-D state and 7-D absolute actions, LIBERO's
+    camera slots."""
+    from pi0.models.config import Pi0Config
+    from pi0.models.pi0 import PI0Model
+    from pi0.policies.pi0 import PolicyConfig, default_norm_stats
+    from pi0.policies.presets import tiny_tokenizer
+
+    # full size in bf16 everywhere (its float32 weights and the sampler's fused copies overflow a 24 GB host)
+    dtype = "bfloat16" if cfg.random_init == "full" or torch.device(cfg.device).type == "cuda" else "float32"
+    mc = Pi0Config(dtype=dtype) if cfg.random_init == "full" else Pi0Config.tiny(dtype=dtype)
+    torch.manual_seed(cfg.seed)
+    with torch.device(cfg.device):  # a full-size init on the host takes a minute
+        model = PI0Model(mc)
+    return PI0Policy(PolicyConfig(model=mc), default_norm_stats(8, 7), tiny_tokenizer(mc.max_token_len),
+                     model=model).eval()
+
+
+def render_size(cfg: Config, policy: PI0Policy) -> int:
+    """``--resolution``, else the model's image size for a random policy, else the bench's 64 px."""
+    return cfg.resolution or (policy.config.model.vision.image_size if cfg.random_init else 64)
 
 
 def baseline_runner(cfg: Config, policy: PI0Policy):
     """Today's runner of the RL arm: the arena's num_groups x group_size envs; MetaWorld's single-env workers."""
     n = cfg.baseline_num_envs or (cfg.num_groups * cfg.group_size if cfg.env == "arena" else 2)
-    return rlb.env_runner(cfg.env, n, policy.config.n_action_steps, num_init_states=rlb.num_init_states(cfg))
+    return rlb.env_runner(cfg.env, n, policy.config.n_action_steps, render_size(cfg, policy), cfg.max_steps or None,
+                          num_init_states=rlb.num_init_states(cfg))
 
 
 class BenchPath:
-    """One path's trainer, runner and counters (built from the start at ``root``)."""
+    """One path's trainer, runner and counters (built from the start at ``root``, or random: ``--random_init``)."""
 
-    def __init__(self, cfg: Config, root: Path, name: str):
+    def __init__(self, cfg: Config, root: Path | None, name: str):
         fast = name != "baseline"
         oversample = float(name.split(":", 1)[1]) if ":" in name else None  # "fast:1.0": that oversample
         self.cfg, self.name = cfg, name
-        policy = PI0Policy.from_pretrained(root, device=cfg.device)
-        self.runner = rlb.make_runner(cfg, policy) if fast else baseline_runner(cfg, policy)
+        policy = random_policy(cfg) if root is None else PI0Policy.from_pretrained(root, device=cfg.device)
+        policy.model.cache_frozen_prefix = fast  # the baseline's update: the joint pass, frozen prefix or not
+        size, cap = render_size(cfg, policy), cfg.max_steps or None
+        self.runner = rlb.make_runner(cfg, policy, resolution=size, max_steps=cap) if fast else \
+            baseline_runner(cfg, policy)
         _, _, train_states = rlb.splits(cfg)
         self.trainer = RIPTTrainer(policy, self.runner, InitStateSampler(train_states, seed=cfg.seed + 1),
-                                   rl_config(cfg, fast, oversample))
+                                   rl_config(cfg, fast, oversample, policy))
         self.counting = CountingPolicy(self.trainer.rollouts.policy)
         self.trainer.rollouts.policy = self.counting
         self.rows: list[dict[str, float]] = []
@@ -140,7 +189,7 @@ class BenchPath:
                 "rollout_success": s["success"] / n, "per_iteration": rows}
 
 
-def run_paths(cfg: Config, root: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+def run_paths(cfg: Config, root: Path | None, names: list[str]) -> dict[str, dict[str, Any]]:
     """The paths' iterations interleaved (one of each in turn), so that both see the same machine load."""
     paths = [BenchPath(cfg, root, n) for n in names]
     try:
@@ -178,12 +227,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"error: --paths: {p!r} needs a number after 'fast:'") from None
     if cfg.iterations < 1 or cfg.warmup < 0:
         raise SystemExit("error: --iterations must be >= 1 and --warmup >= 0")
+    if cfg.random_init not in RANDOM_INIT:
+        raise SystemExit(f"error: --random_init must be one of {RANDOM_INIT[1:]} (or empty), got {cfg.random_init!r}")
+    if cfg.random_init and (cfg.env != "arena" or cfg.final_eval):
+        raise SystemExit("error: --random_init times the arena only, without --final_eval (random weights learn "
+                         "nothing to evaluate)")
+    if cfg.resolution < 0 or cfg.max_steps < 0:
+        raise SystemExit("error: --resolution and --max_steps must be >= 0 (0: the default)")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     load0 = os.getloadavg()
-    _, _, root, rec = rlb.start(cfg)
-    print(f"start: {cfg.num_demos} demos, {rec['steps']} SFT steps, validation plateau {rec['plateau']:.3f} ({root})",
-          flush=True)
+    if cfg.random_init:
+        root, start = None, {"random_init": cfg.random_init}
+        print(f"start: random weights ({cfg.random_init}), every group kept", flush=True)
+    else:
+        _, _, root, rec = rlb.start(cfg)
+        start = {k: rec[k] for k in ("demos", "steps", "plateau")}
+        print(f"start: {cfg.num_demos} demos, {rec['steps']} SFT steps, validation plateau {rec['plateau']:.3f} "
+              f"({root})", flush=True)
     results = run_paths(cfg, root, paths)
     cols = ("iter_s", "collect_s", "update_s", "episodes_per_min", "decisions_per_s", "windows_per_s",
             "policy_calls_per_iter", "groups_per_iter", "rollout_success")
@@ -193,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {p} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + " |")
     load1 = os.getloadavg()
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f} (1 min)")
-    out = {"config": asdict(cfg), "start": {k: rec[k] for k in ("demos", "steps", "plateau")}, "results": results,
+    out = {"config": asdict(cfg), "start": start, "results": results,
            "load_before": load0, "load_after": load1}
     if cfg.json_out:
         Path(cfg.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -37,16 +37,22 @@ def policy_and_windows():
     return policy, collection_windows(ppo, col)
 
 
-def _grads(objective, windows, prefix: bool):
+def _grads(objective, windows, mode: str):
+    """-> (loss, {name: grad}) of one minibatch of ``windows``; ``mode``: "joint" (the reference), "inline" (the
+    frozen prefix encoded without gradient inside ``predict_velocity``) or "attached" (``attach_prefixes``)."""
     model = objective.policy.model
     model.zero_grad(set_to_none=True)
-    if prefix:
+    model.cache_frozen_prefix = mode != "joint"  # the reference: no cache anywhere, the same parameters train
+    if mode == "attached":
         assert objective.attach_prefixes(windows, batch_size=3)
-    batch = objective.collate(windows)
-    assert ("prefix" in batch) == prefix
-    loss, _ = objective.loss(batch, torch.Generator().manual_seed(5))
-    loss.backward()
-    objective.detach_prefixes(windows)
+    try:
+        batch = objective.collate(windows)
+        assert ("prefix" in batch) == (mode == "attached")
+        loss, _ = objective.loss(batch, torch.Generator().manual_seed(5))
+        loss.backward()
+    finally:
+        objective.detach_prefixes(windows)
+        model.cache_frozen_prefix = True
     return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -58,13 +64,40 @@ def test_cached_prefix_gives_the_same_loss_and_gradients(policy_and_windows, kin
     assert policy.model.prefix_frozen()
     objective = PPOObjective(policy, 1.0) if kind == "ppo" else FlowMatchingObjective(policy)
     ws = [dict(w) for w in windows]
-    loss_full, g_full = _grads(objective, ws, prefix=False)
-    loss_cached, g_cached = _grads(objective, ws, prefix=True)
-    assert loss_cached == pytest.approx(loss_full, abs=1e-5, rel=1e-5)
-    assert g_full.keys() == g_cached.keys() and g_full  # the expert's parameters, and only those, have gradients
-    assert not any(n.startswith("paligemma_with_expert.paligemma.") for n in g_full)
-    for n in g_full:
-        torch.testing.assert_close(g_cached[n], g_full[n], atol=1e-5, rtol=1e-4)
+    loss_full, g_full = _grads(objective, ws, "joint")
+    assert g_full and not any(n.startswith("paligemma_with_expert.paligemma.") for n in g_full)  # the expert's only
+    for mode in ("inline", "attached"):
+        loss, g = _grads(objective, ws, mode)
+        assert loss == pytest.approx(loss_full, abs=1e-5, rel=1e-5)
+        assert g.keys() == g_full.keys()
+        for n in g_full:
+            torch.testing.assert_close(g[n], g_full[n], atol=1e-5, rtol=1e-4)
+
+
+def test_frozen_prefix_is_encoded_once_without_gradient(policy_and_windows, monkeypatch):
+    """trainable=expert under gradient: predict_velocity encodes the prefix once, without gradient, and nothing of
+    SigLIP or the VLM enters the autograd graph (the joint pass would carry the prefix stream through backward)."""
+    policy, windows = policy_and_windows
+    pol = copy.deepcopy(policy)
+    model = pol.model.set_trainable("expert")
+    objective = PPOObjective(pol, 1.0)
+    calls, tracked = [], []
+    encode = model.encode_prefix
+
+    def counting(*a, **k):
+        calls.append(torch.is_grad_enabled())
+        return encode(*a, **k)
+
+    monkeypatch.setattr(model, "encode_prefix", counting)
+    hook = model.paligemma_with_expert.paligemma.register_forward_hook(
+        lambda mod, inp, out: tracked.append(any(isinstance(o, torch.Tensor) and o.requires_grad
+                                                 for o in (out if isinstance(out, tuple) else (out,)))))
+    try:
+        loss, _ = objective.loss(objective.collate(windows[:4]), torch.Generator().manual_seed(5))
+    finally:
+        hook.remove()
+    assert calls == [False] and loss.requires_grad
+    assert not any(tracked)
 
 
 def test_update_with_epochs_trains_the_same_weights_and_frees_the_caches(policy_and_windows):
@@ -74,8 +107,7 @@ def test_update_with_epochs_trains_the_same_weights_and_frees_the_caches(policy_
         pol = copy.deepcopy(policy)
         pol.model.set_trainable("expert")
         objective = PPOObjective(pol, 1.0)
-        if not cache:  # the uncached reference: the full joint pass every epoch
-            objective.attach_prefixes = lambda *a, **k: False
+        pol.model.cache_frozen_prefix = cache  # False: the reference, the full joint pass every epoch
         ws = [dict(w) for w in windows]
         PolicyUpdate(objective, OptimizerConfig(lr=1e-3, epochs=3, minibatch_size=4), seed=0).step(ws)
         assert not any("_prefix" in w for w in ws)

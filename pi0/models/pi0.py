@@ -82,6 +82,9 @@ class PI0Model(nn.Module):
             self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
         self.fast_sampler: FastSampler | None = None  # see enable_fast_sampling
+        # a frozen prefix (trainable=expert) runs without gradient and once per window (predict_velocity); False: the
+        # joint pass every time, the reference path (tests, the throughput bench's baseline)
+        self.cache_frozen_prefix = True
         if cfg.optimality_condition:
             self.optimality_embedding = nn.Parameter(torch.zeros(w))
         if cfg.value_head:
@@ -306,8 +309,17 @@ class PI0Model(nn.Module):
 
         ``prefix``: (per-layer kv cache (B,Tp,K,H), prefix pad (B,Tp)) of ``encode_prefix`` on these inputs, when the
         prefix is frozen (:meth:`prefix_frozen`): only the suffix runs, on the cache (the same numbers: prefix tokens
-        never attend to the suffix), so an update's epochs train the action expert without re-running the VLM.
+        never attend to the suffix), so an update's epochs train the action expert without re-running the VLM. A
+        frozen prefix without a cache takes the same path under gradient: it is encoded here without gradient first.
         """
+        if prefix is None and torch.is_grad_enabled() and self.cache_frozen_prefix \
+                and not (self.cfg.pi05 and return_value) and self.prefix_frozen():
+            # In the joint pass autograd would carry the whole prefix stream (its attention reads the suffix's masked
+            # keys, so every prefix activation would be kept and backpropagated to zero effect): 2.4x the time of
+            # a tiny model's step, and at full size ~1.5 GB of activations a window. Without it: the same loss and
+            # gradients (tests/test_update_prefix_cache.py).
+            with torch.no_grad():
+                prefix = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
         if prefix is not None:
             if self.cfg.pi05 and return_value:
                 raise ValueError("pi0.5's value head reads the prefix output, which a cached prefix does not keep")
