@@ -7,7 +7,7 @@ init states (also through the runner, via ``pi0.policies.libero.Pi0ChunkPolicy``
 
     python scripts/sft_pi0fast_arena.py                                  # defaults (CPU, ~20-30 min)
     python scripts/sft_pi0fast_arena.py --init_from outputs/sft_pi0fast_arena/policy --lr 5e-4 \
-        --out_dir outputs/sft_fast2                                      # 4000 more steps (README: 10% vs 0%)
+        --out_dir outputs/sft_fast2                                      # 4000 more steps (bench/README.md: 10% vs 0%)
     python scripts/sft_pi0fast_arena.py --policy_dir outputs/sft_fast2/policy --eval_inits 100   # evaluate only
 
 Single process (no torchrun). Writes <out_dir>/policy (PI0FASTPolicy directory), results.json, TensorBoard logs.

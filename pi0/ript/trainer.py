@@ -47,7 +47,8 @@ class RLConfig:
     precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
     fsdp: bool = False  # torchrun: shard parameters, gradients and optimizer state over the ranks (trainable=all)
     # ppo: Flow-SDE noise level a (pi0.models.flow_sde). At step 0 the step's std is a and its mean keeps the initial
-    # noise scaled by about 1 - 1/N - a^2/2, so a = 1 puts most randomness where the log-density credits it (README)
+    # noise scaled by about 1 - 1/N - a^2/2, so a = 1 puts most randomness where the log-density credits it
+    # (bench/README.md, noise level)
     noise_level: float = 1.0
     # ppo: the stochastic denoising step. 0 (t = 1): its noise moves the chunk enough for the advantage to credit it;
     # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
@@ -127,7 +128,7 @@ class RIPTTrainer:
             raise ValueError(f"algo.precision must be one of {PRECISIONS}, got {cfg.precision!r}")
         if cfg.fsdp and cfg.trainable != "all":
             raise ValueError(f"algo.fsdp shards trainable=all; trainable={cfg.trainable!r} fits one GPU unsharded "
-                             f"(README: training memory); set algo.fsdp=false")
+                             f"(docs/rl.md: training memory); set algo.fsdp=false")
         if cfg.precision == "bf16" and not cfg.fsdp and policy.config.model.dtype != "bfloat16":
             # as openpi's training (float32 params, bf16 compute): the float32-stored norms and heads keep their
             # float32 values ("high"); rounding them is openpi's serving restore, not its training
