@@ -16,17 +16,13 @@ import argparse
 import copy
 import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pi0.ript.objectives import FlowMatchingObjective
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
-from pi0.ript.utils.dist_utils import DistInfo
+from pi0.ript.utils.dist_utils import DistInfo, spawn_gloo
 from pi0.ript.warm_start import (TinyArenaConfig, arena_expert_demos, demo_norm_stats, demo_windows, sft,
                                  tiny_arena_policy)
 
@@ -52,27 +48,17 @@ def time_steps(update: PolicyUpdate, windows: list, steps: int, reps: int) -> fl
     return statistics.median(out)
 
 
-def _rank(rank: int, procs: int, store: str, args: argparse.Namespace, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=procs)
-    try:
-        policy, windows = setup(args.states)
-        upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(minibatch_size=args.minibatch // procs),
-                           seed=rank, info=DistInfo(rank, procs))
-        ms = time_steps(upd, windows[rank::procs], args.steps, args.reps)
-        if rank == 0:
-            Path(out).write_text(str(ms))
-    finally:
-        dist.destroy_process_group()
+def _rank(info: DistInfo, args: argparse.Namespace) -> float:
+    """One rank: its shard of the windows and of the minibatch -> ms per step."""
+    policy, windows = setup(args.states)
+    upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(minibatch_size=args.minibatch // info.world_size),
+                       seed=info.rank, info=info)
+    return time_steps(upd, windows[info.rank::info.world_size], args.steps, args.reps)
 
 
 def parallel_ms(args: argparse.Namespace) -> float:
     """ms per step of ``args.procs`` spawned gloo ranks (rank 0's median)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "ms")
-        mp.start_processes(_rank, args=(args.procs, os.path.join(tmp, "store"), args, out), nprocs=args.procs,
-                           start_method="spawn")
-        return float(Path(out).read_text())
+    return spawn_gloo(_rank, args.procs, args)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ the same number of collectives and optimizer steps. The update itself is ``pi0.r
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -76,6 +76,33 @@ def barrier(info: DistInfo) -> None:
     """Barrier when distributed, no-op otherwise."""
     if info.enabled:
         dist.barrier()
+
+
+def _gloo_rank(rank: int, procs: int, store: str, out: str, fn: Callable[..., Any], args: tuple) -> None:
+    """The body of one :func:`spawn_gloo` rank: one torch thread, a gloo group over a file store, ``fn``; rank 0
+    saves what it returned to ``out``."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=procs)
+    try:
+        result = fn(DistInfo(rank, procs), *args)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_gloo(fn: Callable[..., Any], procs: int, *args: Any) -> Any:
+    """``fn(info, *args)`` on ``procs`` spawned CPU ranks (gloo, one torch thread each, data parallel on one
+    machine without torchrun) -> what rank 0 returned. ``fn`` and ``args`` must pickle (a module-level function)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="gloo_") as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.start_processes(_gloo_rank, args=(procs, os.path.join(tmp, "store"), out, fn, args), nprocs=procs,
+                           join=True, start_method="spawn")
+        return torch.load(out, weights_only=False)
 
 
 def shard_tasks_across_gpus(states_per_task: Mapping[int, Sequence[int]], rank: int, world_size: int
