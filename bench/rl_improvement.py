@@ -67,7 +67,7 @@ from pi0.utils.cli import parse_config  # noqa: E402
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
-ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "clip", "rl_schedule", "rl_beta2"),
+ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "clip", "rl_schedule"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 SCHEDULES = ("constant", "cosine")
@@ -123,7 +123,6 @@ class Config:
     num_groups: int = 4
     group_size: int = 8
     lr: float = 1e-5
-    rl_beta2: float = 0.999  # the RL arm's AdamW second-moment decay (OptimizerConfig.beta2; pi-RL: 0.95)
     epochs: int = 1
     minibatch_size: int = 32
     trainable: str = "all"
@@ -341,7 +340,7 @@ def rl_config(cfg: Config) -> RLConfig:
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
-                                        value_lr=cfg.value_lr, warmup_steps=cfg.warmup_steps, beta2=cfg.rl_beta2))
+                                        value_lr=cfg.value_lr, warmup_steps=cfg.warmup_steps))
 
 
 def cosine(frac: float) -> float:

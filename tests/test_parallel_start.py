@@ -41,13 +41,3 @@ def test_a_parallel_start_is_cached_under_its_own_key_and_a_bad_split_fails_firs
     _, _, again = cached_warm_start(cfg, [(4, 0), (4, 1)], 20, opt, cache_dir=tmp_path, resolution=32, stop=stop,
                                     procs=2)  # converged by its rule at 4: reused under a higher cap
     assert again == root and len(list(root.parent.iterdir())) == 1
-
-
-def test_cache_keys_survive_new_optimizer_settings_at_their_defaults():
-    """A start cached before ``OptimizerConfig.beta2`` existed keeps its key (the values were computed with that
-    code); a non-default beta2 names another start."""
-    cfg, demos = TinyArenaConfig(), [(4, 0), (4, 1)]
-    stop = Plateau([(4, 10)], 250, 4, smooth=4, require_convergence=True)
-    assert warm_start_key(cfg, demos, None, OptimizerConfig(lr=2e-3, minibatch_size=64), stop) == "f65ffb9095eb"
-    assert warm_start_key(cfg, demos, 10, OptimizerConfig()) == "a181408a49cf"
-    assert warm_start_key(cfg, demos, 10, OptimizerConfig(beta2=0.95)) != "a181408a49cf"

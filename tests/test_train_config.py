@@ -48,7 +48,6 @@ def test_required_presets_are_bundled():
     (["task.warm_start_patience=-1"], ["task.warm_start_patience", ">= 0"]),
     (["task.warm_start_procs=3"], ["task.warm_start_minibatch=32", "task.warm_start_procs=3", "multiple"]),
     (["task.warm_start_procs=0"], ["task.warm_start_procs", ">= 1"]),
-    (["algo.opt.beta2=1.0"], ["algo.opt.beta2", "(0, 1)"]),
 ])
 def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:
@@ -59,9 +58,8 @@ def test_bad_config_names_key_and_allowed(override, words):
 def test_overrides_and_yaml_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("algo: {iterations: 7}\nlogging: {run_name: x}\n")
-    cfg = load_config(str(p), ["algo.opt.lr=0.01", "task.task_ids=[1,2]", "algo.opt.beta2=0.95"])
+    cfg = load_config(str(p), ["algo.opt.lr=0.01", "task.task_ids=[1,2]"])
     assert (cfg.algo.iterations, cfg.algo.opt.lr, cfg.task.task_ids, cfg.logging.run_name) == (7, 0.01, [1, 2], "x")
-    assert cfg.algo.opt.beta2 == 0.95 and load_config(str(p), []).algo.opt.beta2 == 0.999
 
 
 def test_feature_flags_switch_the_runner_and_sampling():

@@ -146,25 +146,3 @@ def test_warmup_and_lr_scale_shrink_the_first_adamw_steps(policy_and_windows):
     assert moves[0] == pytest.approx(1e-3, rel=0.05)
     assert moves[1] / moves[0] == pytest.approx(0.25, rel=0.05)
     assert moves[2] / moves[0] == pytest.approx(0.5, rel=0.05)
-
-
-def test_beta2_sets_adamws_second_moment_decay(policy_and_windows):
-    """``OptimizerConfig.beta2`` reaches AdamW: after one step, each moved parameter's second moment is
-    (1 - beta2) g^2 (a fresh AdamW's first update), for 0.999 and for pi-RL's 0.95; a value outside (0, 1) is refused."""
-    policy, windows = policy_and_windows
-    for beta2 in (0.999, 0.95):
-        pol = copy.deepcopy(policy)
-        upd = PolicyUpdate(FlowMatchingObjective(pol), OptimizerConfig(lr=1e-3, minibatch_size=64, max_grad_norm=0,
-                                                                       beta2=beta2), seed=0)
-        assert upd.optimizer.param_groups[0]["betas"] == (0.9, beta2)
-        grads = {}
-        hooks = [p.register_hook(lambda g, i=i: grads.__setitem__(i, g.detach().clone()))
-                 for i, p in enumerate(upd.params)]
-        assert upd.step(windows, max_steps=1)["steps"] == 1
-        for h in hooks:
-            h.remove()
-        i = next(iter(grads))
-        v = upd.optimizer.state[upd.masters[i]]["exp_avg_sq"]
-        torch.testing.assert_close(v, (1 - beta2) * grads[i] ** 2)
-    with pytest.raises(ValueError, match="beta2"):
-        PolicyUpdate(FlowMatchingObjective(copy.deepcopy(policy)), OptimizerConfig(beta2=1.0))

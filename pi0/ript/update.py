@@ -42,7 +42,6 @@ class OptimizerConfig:
     max_grad_norm: float = 1.0  # <= 0: no clipping (per parameter group: the policy, the value head)
     value_lr: float = 1e-3  # the value head's lr (PPO's value baseline; a small fresh head, trained alone)
     warmup_steps: int = 0  # the first optimizer steps scale the lr linearly from 1/warmup_steps to 1 (fresh AdamW)
-    beta2: float = 0.999  # AdamW's second-moment decay (PyTorch's default; pi-RL / RLinf train with 0.95)
 
 
 def is_value_param(name: str) -> bool:
@@ -59,8 +58,6 @@ class PolicyUpdate:
         self.config = c = config or OptimizerConfig()
         if c.minibatch_size < 1 or c.grad_accum_steps < 1 or c.epochs < 1:
             raise ValueError("epochs, minibatch_size and grad_accum_steps must be >= 1")
-        if not 0.0 < c.beta2 < 1.0:
-            raise ValueError(f"beta2 must be in (0, 1), got {c.beta2}")
         self.info = info or DistInfo()
         self.sharded = is_sharded(objective.policy.model)  # FSDP2: params, grads and AdamW state are rank shards
         self._template: Window | None = None  # FSDP2: a window for zero-weighted padding minibatches
@@ -79,7 +76,7 @@ class PolicyUpdate:
         groups = [{"params": self.masters[:n_pol]}]
         if self.num_value:  # the value head: its own lr and its own clipping (its gradient never scales the policy's)
             groups.append({"params": self.masters[n_pol:], "lr": c.value_lr})
-        self.optimizer = torch.optim.AdamW(groups, lr=c.lr, weight_decay=c.weight_decay, betas=(0.9, c.beta2))
+        self.optimizer = torch.optim.AdamW(groups, lr=c.lr, weight_decay=c.weight_decay)
         self.generator = torch.Generator().manual_seed(seed)  # flow noise / time / condition dropout
         self.rng = np.random.default_rng(seed)  # minibatch order
         self.num_skipped = 0  # optimizer steps skipped for a non-finite loss / gradient (lifetime)

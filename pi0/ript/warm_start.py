@@ -208,9 +208,8 @@ def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]],
                    opt_cfg: OptimizerConfig, stop: Plateau | None = None, env: str = "arena", procs: int = 1) -> str:
     """Cache key of a warm-started checkpoint (``sft_steps=None``: the key of a start converged by ``stop``, which
     any step cap at or above the step it stopped at reproduces; ``procs`` > 1: trained data parallel)."""
-    # no value head in SFT, and no warm-up or beta2 unless set: none is in the key (older caches keep their keys)
-    defaults = {"warmup_steps": 0, "beta2": OptimizerConfig.beta2}
-    opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr" and not (k in defaults and v == defaults[k])}
+    # no value head in SFT, and no warm-up unless set: neither is in the key (older caches keep their keys)
+    opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr" and not (k == "warmup_steps" and v == 0)}
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, opt,
                        stop.key_fields() if stop else None, "v2-all-dims"] + ([env] if env != "arena" else [])
                       + ([{"procs": procs}] if procs > 1 else []), sort_keys=True)

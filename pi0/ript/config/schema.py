@@ -177,7 +177,6 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.opt.epochs": (lambda v: v >= 1, ">= 1"),
     "algo.opt.minibatch_size": (lambda v: v >= 1, ">= 1"),
     "algo.opt.grad_accum_steps": (lambda v: v >= 1, ">= 1"),
-    "algo.opt.beta2": (lambda v: 0.0 < v < 1.0, "in (0, 1) (AdamW's second-moment decay)"),
     "task.env": (lambda v: v in ENVS, f"one of {ENVS}"),
     "task.train_states": (lambda v: v >= 1, ">= 1"),
     "task.eval_states": (lambda v: v >= 0, ">= 0"),
