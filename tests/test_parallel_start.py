@@ -41,3 +41,12 @@ def test_a_parallel_start_is_cached_under_its_own_key_and_a_bad_split_fails_firs
     _, _, again = cached_warm_start(cfg, [(4, 0), (4, 1)], 20, opt, cache_dir=tmp_path, resolution=32, stop=stop,
                                     procs=2)  # converged by its rule at 4: reused under a higher cap
     assert again == root and len(list(root.parent.iterdir())) == 1
+
+
+def test_cache_keys_are_pinned():
+    """Cached starts keep their keys: a field added to OptimizerConfig or TinyArenaConfig must leave these
+    (computed on 2026-11-27) unchanged at its default, or every user's cached start retrains."""
+    cfg, demos = TinyArenaConfig(), [(4, 0), (4, 1)]
+    stop = Plateau([(4, 10)], 250, 4, smooth=4, require_convergence=True)
+    assert warm_start_key(cfg, demos, None, OptimizerConfig(lr=2e-3, minibatch_size=64), stop) == "f65ffb9095eb"
+    assert warm_start_key(cfg, demos, 10, OptimizerConfig()) == "a181408a49cf"
