@@ -114,6 +114,11 @@ class PI0Model(nn.Module):
         values then depend on the inputs alone and can be computed once per window (``predict_velocity(prefix=)``)."""
         return not any(p.requires_grad for p in self.paligemma_with_expert.paligemma.parameters())
 
+    def caches_prefix(self) -> bool:
+        """True when training encodes the prefix once without gradient and differentiates the suffix alone: the
+        prefix is frozen and ``cache_frozen_prefix`` is on (off: the joint pass, the reference path)."""
+        return self.cache_frozen_prefix and self.prefix_frozen()
+
     def set_gradient_checkpointing(self, on: bool = True) -> "PI0Model":
         """Recompute each SigLIP and Gemma layer in backward instead of keeping its activations (training memory)."""
         self.paligemma_with_expert.gradient_checkpointing = bool(on)
@@ -312,8 +317,8 @@ class PI0Model(nn.Module):
         never attend to the suffix), so an update's epochs train the action expert without re-running the VLM. A
         frozen prefix without a cache takes the same path under gradient: it is encoded here without gradient first.
         """
-        if prefix is None and torch.is_grad_enabled() and self.cache_frozen_prefix \
-                and not (self.cfg.pi05 and return_value) and self.prefix_frozen():
+        if prefix is None and torch.is_grad_enabled() and not (self.cfg.pi05 and return_value) \
+                and self.caches_prefix():
             # In the joint pass autograd would carry the whole prefix stream (its attention reads the suffix's masked
             # keys, so every prefix activation would be kept and backpropagated to zero effect): 2.4x the time of
             # a tiny model's step, and at full size ~1.5 GB of activations a window. Without it: the same loss and

@@ -163,8 +163,7 @@ class FlowMatchingObjective:
         (:meth:`detach_prefixes`), so a cache never outlives the weights it was made with. -> False (nothing
         attached) when the prefix trains or a cache cannot serve this objective."""
         model = self.policy.model
-        if not windows or not (model.cache_frozen_prefix and model.prefix_frozen()) or \
-                (model.cfg.pi05 and model.cfg.value_head):
+        if not windows or not model.caches_prefix() or (model.cfg.pi05 and model.cfg.value_head):
             return False
         with torch.no_grad():
             for i in range(0, len(windows), batch_size):
