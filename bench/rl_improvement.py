@@ -57,7 +57,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from pi0.evaluation.paired import paired_difference, rate_se as se  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
-from pi0.ript.collection import NOISES  # noqa: E402
 from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
@@ -68,7 +67,7 @@ from pi0.utils.cli import parse_config  # noqa: E402
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
-ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "noise", "clip", "rl_schedule"),
+ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "clip", "rl_schedule"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 SCHEDULES = ("constant", "cosine")
@@ -129,9 +128,6 @@ class Config:
     trainable: str = "all"
     noise_level: float = 1.0  # ppo (and the RFT arm's collection, which collects as RL does)
     sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch; RLConfig.sde_step)
-    # ppo: "sde" (Flow-SDE at sde_step) or "learned" (Flow-Noise: a learned std at every step, RLConfig.noise); the
-    # RFT arm collects with the same noise
-    noise: str = "sde"
     clip: float = 0.2  # ppo
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
@@ -177,8 +173,6 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     if not -1 <= cfg.sde_step < TinyArenaConfig.num_steps:
         raise SystemExit(f"error: --sde_step must be -1 (drawn) or a denoising step 0..{TinyArenaConfig.num_steps - 1} "
                          f"of the bench's {TinyArenaConfig.num_steps}-step policy, got {cfg.sde_step}")
-    if cfg.noise not in NOISES:
-        raise SystemExit(f"error: --noise must be one of {NOISES}, got {cfg.noise!r}")
     if cfg.stage == "tune" and cfg.tuned:
         raise SystemExit("error: --tuned applies to --stage report; the tune stage writes tune.json")
     grid(cfg)
@@ -204,8 +198,6 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
         if key.endswith("_schedule") and out[key] not in SCHEDULES:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {SCHEDULES}")
-        if key == "noise" and out[key] not in NOISES:
-            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: noise must be one of {NOISES}")
         if key == "sde_step" and not -1 <= out[key] < TinyArenaConfig.num_steps:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn) or a denoising step "
                              f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy")
@@ -343,7 +335,7 @@ class Snapshots:
 def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
-                    sde_step=cfg.sde_step, noise=cfg.noise, value_baseline=cfg.value_baseline,
+                    sde_step=cfg.sde_step, value_baseline=cfg.value_baseline,
                     num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
@@ -398,7 +390,7 @@ def run_arm(cfg: Config) -> None:
             lr=cfg.rft_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 2)
         rft(policy, windows, runner, sampler, upd.config, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
             cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,
-            fast_sampling=cfg.fast_sampling, update=upd, noise=cfg.noise)
+            fast_sampling=cfg.fast_sampling, update=upd)
     else:
         upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
             lr=cfg.sft_arm_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 3)

@@ -168,10 +168,6 @@ class Pi0Config(DictConfig):
     # RL (PPO): a value head V(observation) on detached features (pi0: the state token's expert output; pi0.5: the
     # mean prefix output), the per-decision baseline of ``algo.value_baseline``. Off by default, like the condition.
     value_head: bool = False
-    # RL (PPO, ``algo.noise=learned``): Flow-Noise's head (pi0.models.flow_noise.NoiseHead) on the expert's action
-    # tokens sets each denoising step's std within ``noise_std`` = (min, max). Off by default, like the value head.
-    noise_head: bool = False
-    noise_std: tuple[float, float] = (0.08, 0.16)
     # pi0.5 (openpi Pi0Config(pi05=True)): no state token; the action tokens are action_in_proj(x_t) alone and the
     # time enters through adaptive RMSNorms in the action expert (time_mlp_in/out -> adaRMS condition).
     pi05: bool = False
@@ -181,10 +177,6 @@ class Pi0Config(DictConfig):
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.bf16_precision not in BF16_PRECISIONS:
             raise ValueError(f"bf16_precision must be one of {BF16_PRECISIONS}, got {self.bf16_precision!r}")
-        lo, hi = (float(x) for x in self.noise_std)  # config.json gives a list
-        if not 0.0 < lo <= hi:
-            raise ValueError(f"noise_std must be (min_std, max_std) with 0 < min_std <= max_std, got {self.noise_std}")
-        object.__setattr__(self, "noise_std", (lo, hi))  # frozen dataclass
         if self.attn_implementation not in ("eager", "sdpa"):
             raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {self.attn_implementation!r}")
         a, b = self.paligemma, self.action_expert

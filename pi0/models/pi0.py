@@ -17,7 +17,6 @@ from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.config import Pi0Config
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
-from pi0.models.flow_noise import NoiseHead, noise_head_std
 from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_step_moments, sde_times
 from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 
@@ -25,8 +24,7 @@ from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
 # and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
 _FP32_PARAM_MARKERS = ("layernorm", "layer_norm", ".norm.", "patch_embedding", "position_embedding")
 _FP32_HEADS = ("state_proj.", "action_in_proj.", "action_out_proj.", "action_time_mlp_in.", "action_time_mlp_out.",
-               "time_mlp_in.", "time_mlp_out.", "optimality_embedding", "value_head.",
-               "noise_head.")
+               "time_mlp_in.", "time_mlp_out.", "optimality_embedding", "value_head.")
 
 
 TRAINABLE = ("all", "expert", "lora")  # PI0Model.set_trainable
@@ -91,8 +89,6 @@ class PI0Model(nn.Module):
             self.optimality_embedding = nn.Parameter(torch.zeros(w))
         if cfg.value_head:
             self.value_head = self._new_value_head()
-        if cfg.noise_head:
-            self.noise_head = NoiseHead(w, cfg.action_dim)
         self.apply_precision()
 
     def set_trainable(self, mode: str = "all") -> "PI0Model":
@@ -144,20 +140,6 @@ class PI0Model(nn.Module):
             self.paligemma_with_expert.cfg = self.cfg
             self.value_head = self._new_value_head().to(self.action_in_proj.weight.device)
         return self
-
-    def enable_noise_head(self, noise_std: tuple[float, float] | None = None) -> "PI0Model":
-        """Add Flow-Noise's head (``pi0.models.flow_noise.NoiseHead``; every std sqrt(min max) until trained), or
-        keep the one there; ``noise_std``: its (min_std, max_std) bounds (default: the config's)."""
-        self.cfg = dataclasses.replace(self.cfg, noise_head=True, noise_std=noise_std or self.cfg.noise_std)
-        self.paligemma_with_expert.cfg = self.cfg
-        if not hasattr(self, "noise_head"):
-            ref = self.action_in_proj.weight
-            self.noise_head = NoiseHead(self.cfg.action_expert.width, self.cfg.action_dim).to(ref.device)
-        return self
-
-    def noise_std(self, suffix_out: torch.Tensor, h: int) -> torch.Tensor:
-        """(B, Ts, W) expert output -> (B, H, A) float32 Flow-Noise std of the last H (action) tokens."""
-        return noise_head_std(self.noise_head(suffix_out[:, -h:]), *self.cfg.noise_std)
 
     def _new_value_head(self) -> ValueHead:
         """A fresh :class:`ValueHead` as wide as the features :meth:`value_from` reads (VLM width for pi0.5, else
@@ -475,50 +457,6 @@ class PI0Model(nn.Module):
         mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level)
         lp = gaussian_log_prob(chain[rows, k + 1].float(), mean, std)
         return (lp, value) if return_value else lp
-
-    @torch.no_grad()
-    def sample_actions_flow_noise(self, images: list[torch.Tensor], img_masks: list[torch.Tensor],
-                                  lang_tokens: torch.Tensor, lang_masks: torch.Tensor, state: torch.Tensor,
-                                  noise: torch.Tensor, num_steps: int = 10, generator: torch.Generator | None = None
-                                  ) -> dict[str, Any]:
-        """Flow-Noise sampling (``pi0.models.flow_noise``; needs ``cfg.noise_head``): every Euler step a Gaussian
-        with the noise head's std. noise (B,H,A) -> {"actions" (B,H,A), "chain" (B,N+1,H,A): x at t = 1, 1-1/N,
-        ..., 0, "log_prob" (B,H,A): the N transitions' elementwise log-densities summed, / (N + 1)} (eager only)."""
-        if not self.cfg.noise_head:
-            raise ValueError("Flow-Noise sampling needs the noise head: call PI0Model.enable_noise_head()")
-        dt = 1.0 / num_steps
-        kv_cache, prefix_pad = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
-        x = noise.float()
-        chain, log_prob = [x], torch.zeros_like(x)
-        for t in sde_times(num_steps):
-            v, s_out = self.denoise_step(kv_cache, prefix_pad, state, x, torch.full((x.shape[0],), t, device=x.device),
-                                         return_suffix=True)
-            mean, std = x - dt * v, self.noise_std(s_out, x.shape[1])
-            x = mean + std * torch.randn(x.shape, generator=generator, device="cpu").to(x.device)
-            log_prob = log_prob + gaussian_log_prob(x, mean, std)
-            chain.append(x)
-        return {"actions": x, "chain": torch.stack(chain, 1), "log_prob": log_prob / (num_steps + 1)}
-
-    def chain_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-                       lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor,
-                       prefix: tuple[KVCache, torch.Tensor] | None = None) -> torch.Tensor:
-        """Flow-Noise's log-density of a recorded chain (B,N+1,H,A) under the current weights, with gradient ->
-        (B,H,A), as :meth:`sample_actions_flow_noise` records it (unchanged weights give the recorded value).
-
-        The prefix runs once (with gradient when it trains; ``prefix``: a frozen prefix's cache), then the suffix
-        runs once for all N steps, stacked step-major on the batch (N*B rows)."""
-        b, n = chain.shape[0], chain.shape[1] - 1
-        if prefix is None:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and not self.prefix_frozen()):
-                prefix = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
-        rep = lambda x: x.repeat(n, *([1] * (x.ndim - 1)))  # noqa: E731  (B, ...) -> (N*B, ...), step-major
-        cache = [(rep(k), rep(v)) for k, v in prefix[0]]
-        steps = lambda c: c.transpose(0, 1).reshape(n * b, *c.shape[2:]).float()  # noqa: E731
-        x, x_next = steps(chain[:, :-1]), steps(chain[:, 1:])
-        t = torch.tensor(sde_times(n), dtype=torch.float32, device=chain.device).repeat_interleave(b)  # (N*B,)
-        v, s_out = self.denoise_step(cache, rep(prefix[1]), rep(state), x, t, return_suffix=True)
-        lp = gaussian_log_prob(x_next, x - (1.0 / n) * v, self.noise_std(s_out, x.shape[1]))
-        return lp.view(n, b, *lp.shape[1:]).sum(0) / (n + 1)
 
     def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

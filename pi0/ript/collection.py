@@ -218,22 +218,15 @@ class RolloutGenerator:
             self.history.load_json(st["history"])
 
 
-NOISES = ("sde", "learned")  # algo.noise: Flow-SDE at one step (pi0.models.flow_sde), or Flow-Noise at every step
-
-
 class SDEChunkPolicy:
-    """Batched ``ChunkPolicy`` that samples with Flow-SDE (``PI0Model.sample_actions_sde``) or, with ``noise`` =
-    "learned", Flow-Noise (``PI0Model.sample_actions_flow_noise``), and records, per decision, what the PPO update
-    needs: the denoising chain, the stochastic step (-1 for Flow-Noise: every step) and its elementwise log-density,
-    beside the observation extras of ``Pi0ChunkPolicy`` (client images, model-space state, prompt tokens)."""
+    """Batched ``ChunkPolicy`` that samples with Flow-SDE (``PI0Model.sample_actions_sde``) and records, per decision,
+    what the PPO update needs: the denoising chain, the stochastic step and its elementwise log-density, beside the
+    observation extras of ``Pi0ChunkPolicy`` (client images, model-space state, prompt tokens)."""
 
     def __init__(self, policy: Any, noise_level: float, generator: torch.Generator | None = None,
-                 sde_step: int | None = None, noise: str = "sde"):
-        if noise not in NOISES:
-            raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+                 sde_step: int | None = None):
         self.policy, self.noise_level, self.generator = policy, float(noise_level), generator
         self.sde_step = sde_step  # the stochastic denoising step: None = drawn uniformly per call (RLinf), or fixed
-        self.noise = noise
 
     @torch.no_grad()
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
@@ -243,13 +236,9 @@ class SDEChunkPolicy:
         inp = pol.prepare_inputs(observation)
         cfg = pol.config.model
         noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator).to(pol.device)
-        args = (inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"], inp["state"], noise,
-                pol.config.num_steps)
-        if self.noise == "learned":
-            rec = {**pol.model.sample_actions_flow_noise(*args, generator=self.generator), "sde_step": -1}
-        else:
-            rec = pol.model.sample_actions_sde(*args, self.noise_level, sde_step=self.sde_step,
-                                               generator=self.generator)
+        rec = pol.model.sample_actions_sde(inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"],
+                                           inp["state"], noise, pol.config.num_steps, self.noise_level,
+                                           sde_step=self.sde_step, generator=self.generator)
         actions = pol.postprocess_actions(rec["actions"], inp["state"])
         extras = {**window_extras(arrays, inp["state"], inp["lang_tokens"], inp["lang_masks"]),
                   "chain": rec["chain"].cpu().numpy(), "sde_step": np.full(len(obs), rec["sde_step"]),
@@ -259,8 +248,7 @@ class SDEChunkPolicy:
         return PolicyOutput(actions=actions.numpy(), extras=extras)
 
 
-def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator, noise: str = "sde"
-                  ) -> SDEChunkPolicy:
-    """The collector of ``algo.noise`` (Flow-SDE at ``algo.sde_step``, -1: a uniformly drawn step per call; or
-    Flow-Noise), shared by the RL arm and RFT so that both collect exactly alike."""
-    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step), noise)
+def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator) -> SDEChunkPolicy:
+    """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call), shared by the RL arm and
+    RFT so that both collect exactly alike."""
+    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step))

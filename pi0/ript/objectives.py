@@ -11,8 +11,7 @@ zero targets in the dims the env does not use, so the velocity the sampler integ
   positives (A > 0) train the optimality-conditioned branch, dropped to the reference with prob ``p_uncond``;
   sampling uses ``v_u + w (v_c - v_u)``.
 - :class:`PPOObjective`: RIPT-VLA's LOOP for a flow policy: the PPO-clipped ratio of the recorded Flow-SDE step's
-  log-density (or, with ``noise="learned"``, the Flow-Noise chain's) under the current vs the behaviour weights,
-  times the episode's RLOO advantage (as in pi-RL / Flow-GRPO).
+  log-density under the current vs the behaviour weights, times the episode's RLOO advantage (as in pi-RL / Flow-GRPO).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from pi0.models.flow_sde import masked_sum
 from pi0.policies.normalize import normalize, unnormalize
 from pi0.policies.pi0 import PI0Policy
 from pi0.ript.algos.rloo import value_baselined_advantages
-from pi0.ript.collection import NOISES
 from pi0.rollout import Episode
 
 Window = dict[str, Any]
@@ -263,21 +261,12 @@ class PPOObjective(FlowMatchingObjective):
     at collection), and the loss adds the head's squared error to the episode's reward (the head's features are
     detached, so that term trains the head alone)."""
 
-    def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2, value_baseline: bool = False,
-                 noise: str = "sde"):
+    def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2, value_baseline: bool = False):
         super().__init__(policy)
         self.noise_level, self.clip = float(noise_level), float(clip)
         if value_baseline and not policy.model.cfg.value_head:
             raise ValueError("value_baseline needs the policy's value head: call policy.model.enable_value_head()")
-        if noise not in NOISES:
-            raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
-        if noise == "learned" and not policy.model.cfg.noise_head:
-            raise ValueError("noise='learned' (Flow-Noise) needs the policy's noise head: call "
-                             "policy.model.enable_noise_head()")
-        if noise == "learned" and value_baseline:
-            raise ValueError("value_baseline reads the value head in the Flow-SDE step's pass; with noise='learned' "
-                             "(Flow-Noise) set value_baseline=false")
-        self.value_baseline, self.noise = bool(value_baseline), noise
+        self.value_baseline = bool(value_baseline)
 
     def episode_windows(self, episode: Episode, advantage: float = 0.0, reward: float = 0.0) -> list[Window]:
         """One window per decision point: its observation, chain, stochastic step, executed mask, old log-prob
@@ -316,12 +305,10 @@ class PPOObjective(FlowMatchingObjective):
              ) -> tuple[torch.Tensor, dict[str, float]]:
         """LOOP: the clipped surrogate of the chunk log-prob ratio and the advantages (+ the value head's squared
         error) (scalar) + stats."""
-        model, obs = self.policy.model, [batch[k] for k in ("images", "img_masks", "lang_tokens", "lang_masks", "state")]
-        if self.noise == "learned":  # Flow-Noise: every denoising step's transition
-            out = model.chain_log_prob(*obs, batch["chain"], prefix=batch.get("prefix"))
-        else:  # Flow-SDE: the recorded stochastic step
-            out = model.step_log_prob(*obs, batch["chain"], batch["sde_step"], self.policy.config.num_steps,
-                                      self.noise_level, return_value=self.value_baseline, prefix=batch.get("prefix"))
+        out = self.policy.model.step_log_prob(batch["images"], batch["img_masks"], batch["lang_tokens"],
+                                              batch["lang_masks"], batch["state"], batch["chain"], batch["sde_step"],
+                                              self.policy.config.num_steps, self.noise_level,
+                                              return_value=self.value_baseline, prefix=batch.get("prefix"))
         lp, value = out if self.value_baseline else (out, None)
         logp_new = masked_sum(lp, batch["action_mask"])
         loss, st = clipped_surrogate(logp_new, batch["logp_old"], batch["advantage"], self.clip, self.clip)

@@ -27,7 +27,7 @@ import torch
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
-from pi0.ript.collection import NOISES, Collection, RolloutGenerator, sde_collector
+from pi0.ript.collection import Collection, RolloutGenerator, sde_collector
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
@@ -53,12 +53,6 @@ class RLConfig:
     # ppo: the stochastic denoising step. 0 (t = 1): its noise moves the chunk enough for the advantage to credit it;
     # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
     sde_step: int = 0
-    # ppo: the exploration noise. "sde": Flow-SDE at sde_step with noise_level; "learned": Flow-Noise (ReinFlow /
-    # pi-RL), a Gaussian at every denoising step whose std a noise head on the expert's action tokens sets within
-    # [noise_min_std, noise_max_std] and PPO trains with the policy (pi0.models.flow_noise)
-    noise: str = "sde"
-    noise_min_std: float = 0.08  # learned: RLinf's noise_logvar_range default
-    noise_max_std: float = 0.16
     clip: float = 0.2  # ppo: ratio clip
     # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
     # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
@@ -101,17 +95,11 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
     """The objective ``cfg.objective`` names (cfg: gives the policy its optimality condition and w)."""
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"algo.objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
-    if cfg.noise not in NOISES:
-        raise ValueError(f"algo.noise must be one of {NOISES}, got {cfg.noise!r}")
     if cfg.objective == "ppo":
         if cfg.value_baseline:
             policy.model.enable_value_head()
-        if cfg.noise == "learned":
-            policy.model.enable_noise_head((cfg.noise_min_std, cfg.noise_max_std))
-        policy.config.model = policy.model.cfg
-        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline, cfg.noise)
-    if cfg.noise != "sde":
-        raise ValueError("algo.noise=learned is PPO's exploration noise; set algo.noise=sde for algo.objective=cfg")
+            policy.config.model = policy.model.cfg
+        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline)
     if cfg.value_baseline:
         raise ValueError("algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
                          "algo.objective=cfg")
@@ -153,8 +141,7 @@ class RIPTTrainer:
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
-        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator, cfg.noise)
-                     if cfg.objective == "ppo"
+        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator) if cfg.objective == "ppo"
                      else Pi0ChunkPolicy(policy, self.generator))
         if cfg.fast_sampling and not cfg.fsdp and policy.model.fast_sampler is None:
             policy.model.enable_fast_sampling()

@@ -25,7 +25,6 @@ from omegaconf.errors import OmegaConfBaseException
 from pi0.errors import UserError, require_path
 from pi0.models.pi0 import TRAINABLE
 from pi0.rollout.config import RunnerConfig
-from pi0.ript.collection import NOISES
 from pi0.ript.objectives import OBJECTIVES
 from pi0.ript.trainer import PRECISIONS, RLConfig
 
@@ -166,9 +165,6 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.precision": (lambda v: v in PRECISIONS, f"one of {PRECISIONS}"),
     "algo.noise_level": (lambda v: v > 0.0, "> 0 (Flow-SDE noise level a; 1.0 at sde_step 0, RLinf: 0.3-0.5)"),
     "algo.sde_step": (lambda v: v >= -1, ">= -1 (-1: a uniformly drawn step; k: always step k < policy num_steps)"),
-    "algo.noise": (lambda v: v in NOISES, f"one of {NOISES} (Flow-SDE at one step, or Flow-Noise's learned std)"),
-    "algo.noise_min_std": (lambda v: v > 0.0, "> 0 (Flow-Noise's smallest std)"),
-    "algo.noise_max_std": (lambda v: v > 0.0, "> 0 (Flow-Noise's largest std, >= algo.noise_min_std)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
@@ -230,12 +226,6 @@ def check_ranges(cfg: Any) -> None:
         v = _get(cfg, key)
         if not ok(v):
             raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
-    a = cfg.algo
-    if a.noise_min_std > a.noise_max_std:
-        raise UserError(f"algo.noise_min_std={a.noise_min_std} exceeds algo.noise_max_std={a.noise_max_std}")
-    if a.noise == "learned" and (a.objective != "ppo" or a.value_baseline):
-        raise UserError("algo.noise=learned (Flow-Noise) is the ppo objective's exploration noise, without the value "
-                        "baseline: set algo.objective=ppo and algo.value_baseline=false, or algo.noise=sde")
 
 
 def _get(cfg: Any, dotted: str) -> Any:
