@@ -66,3 +66,23 @@ def test_attention_matches_naive_and_masks():
     torch.testing.assert_close(out[0, 2, 0], v[0, :, 0].mean(0), atol=1e-5, rtol=1e-5)
     assert BIG_NEG > -float("inf")
     torch.testing.assert_close(attention(q, k, v, mask, "sdpa")[:, :2], out[:, :2], atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_gradients_match_eager_for_grouped_heads():
+    """The fused path (on CPU: K key/value heads served to N query heads inside the kernel) trains like openpi's
+    written-out attention: the same outputs and the same gradients for q, k and v, also with one kv head (MQA)."""
+    for kv_heads in (2, 1):
+        g = torch.Generator().manual_seed(kv_heads)
+        q = torch.randn(2, 6, 4, 8, generator=g)
+        k, v = torch.randn(2, 7, kv_heads, 8, generator=g), torch.randn(2, 7, kv_heads, 8, generator=g)
+        mask = torch.rand(2, 6, 7, generator=g) > 0.4
+        mask[..., 0] = True  # no fully masked query
+        w = torch.randn(2, 6, 4, 8, generator=g)
+        grads = []
+        for impl in ("eager", "sdpa"):
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+            out = attention(*leaves, mask, impl)
+            (out * w).sum().backward()
+            grads.append([out.detach()] + [x.grad for x in leaves])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

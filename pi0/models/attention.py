@@ -64,11 +64,17 @@ def attention(
     num_heads, num_kv = q.shape[2], k.shape[2]
     group = num_heads // num_kv
     if implementation == "sdpa":
-        kk = k.repeat_interleave(group, dim=2).transpose(1, 2)  # (B, N, S, H)
-        vv = v.repeat_interleave(group, dim=2).transpose(1, 2)
+        # On CPU the fused kernel serves the K key/value heads to the N query heads itself (enable_gqa): the same
+        # outputs without (B, S, N, H) copies, and about a quarter less time for a tiny model's attention forward +
+        # backward. CUDA's fused kernels refuse enable_gqa with a mask and fall back to the math kernel (O(T S) memory
+        # per head), so there the heads are repeated.
+        gqa = group > 1 and q.device.type == "cpu"
+        if group > 1 and not gqa:
+            k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # (B, S, N, H)
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, BIG_NEG)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=bias[:, None], scale=1.0)
-        return out.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=bias[:, None], scale=1.0, enable_gqa=gqa)
+        return out.transpose(1, 2)  # (B, T, N, H)
     b, t, _, h = q.shape
     qg = q.reshape(b, t, num_kv, group, h)  # (B, T, K, G, H)
     logits = torch.einsum("btkgh,bskh->bkgts", qg.float(), k.float())  # (B, K, G, T, S) float32
