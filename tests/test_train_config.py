@@ -48,11 +48,28 @@ def test_required_presets_are_bundled():
     (["task.warm_start_patience=-1"], ["task.warm_start_patience", ">= 0"]),
     (["task.warm_start_procs=3"], ["task.warm_start_minibatch=32", "task.warm_start_procs=3", "multiple"]),
     (["task.warm_start_procs=0"], ["task.warm_start_procs", ">= 1"]),
+    (["task.warm_start_seed=-1"], ["task.warm_start_seed", ">= 0"]),
 ])
 def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:
         load_config("debug_train_pi0", override)
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_warm_start_seed_trains_an_independent_start(tmp_path):
+    """task.warm_start_seed: another seed is another start (its own init, demo noise and cache entry); the default
+    seed 0 reuses its cache."""
+    import json
+    from pi0.ript.utils.train_loop import tiny_warm_start
+    starts = {}
+    for seed in (0, 1, 0):
+        cfg = load_config("debug_train_pi0", TINY + [f"logging.out_dir={tmp_path}", f"task.warm_start_seed={seed}"])
+        policy, _ = tiny_warm_start(cfg)
+        starts.setdefault(seed, []).append(policy.model.action_out_proj.weight.detach().clone())
+    entries = sorted((tmp_path / "cache" / "ript_warm_start").iterdir())
+    assert len(entries) == 2 and {json.loads((e / "warm_start.json").read_text())["config"]["seed"]
+                                  for e in entries} == {0, 1}
+    assert torch.equal(starts[0][0], starts[0][1]) and not torch.equal(starts[0][0], starts[1][0])
 
 
 def test_overrides_and_yaml_file(tmp_path):

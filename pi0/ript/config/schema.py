@@ -65,6 +65,9 @@ class TaskConfig:
     # processes the start's SFT runs in (with warm_start_patience > 0): gloo data parallel, one thread each, the
     # minibatch and the validation states split among them (pi0.ript.warm_start.sft_to_plateau_parallel)
     warm_start_procs: int = 1
+    # the start's seed (its random init, the demos' noise, the SFT minibatches): another value trains an independent
+    # start, cached under its own key (algo.seed seeds RL alone)
+    warm_start_seed: int = 0
 
 
 @dataclass
@@ -190,6 +193,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_lr": (lambda v: v > 0.0, "> 0"),
     "task.warm_start_minibatch": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_procs": (lambda v: v >= 1, ">= 1"),
+    "task.warm_start_seed": (lambda v: v >= 0, ">= 0"),
     "env.resolution": (lambda v: v >= 16, ">= 16"),
     "baseline.sft_lr": (lambda v: v > 0.0, "> 0"),
     "baseline.warmup_steps": (lambda v: v >= 0, ">= 0"),
