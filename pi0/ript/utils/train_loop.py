@@ -72,8 +72,8 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
     from pi0.ript.warm_start import Plateau, TinyArenaConfig, cached_warm_start
 
     t = cfg.task
-    tiny = TinyArenaConfig(seed=t.warm_start_seed,  # MT10's longer prompts:
-                           **({"max_token_len": 32} if t.env == "metaworld" else {}))
+    tiny = TinyArenaConfig(seed=t.warm_start_seed,  # MT10's prompts are longer than the arena's
+                           max_token_len=32 if t.env == "metaworld" else TinyArenaConfig.max_token_len)
     demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
     stop = None
     if t.warm_start_patience > 0:
