@@ -53,7 +53,7 @@ def test_init_states_are_deterministic_and_bad_input_is_refused():
         env.close()
 
 
-def test_fast_render_drops_shadows_only_and_every_runner_uses_it():
+def test_fast_render_drops_shadows_and_multisampling_only_and_every_runner_uses_it():
     from pi0.ript.config import load_config
     from pi0.ript.utils.train_loop import build_runner
     from pi0.ript.warm_start import env_runner
@@ -65,6 +65,7 @@ def test_fast_render_drops_shadows_only_and_every_runner_uses_it():
         scene = np.abs(a[CAMERA_KEYS[0]].astype(int) - b[CAMERA_KEYS[0]].astype(int))
         assert b[CAMERA_KEYS[0]].shape == (64, 64, 3) and b[CAMERA_KEYS[0]].std() > 5
         assert 0 < scene.mean() < 8 and scene.max() > 10  # the same scene, less the cast shadows
+        assert full._env.model.vis.quality.offsamples == 4 and fast._env.model.vis.quality.offsamples == 0
         np.testing.assert_array_equal(a["metaworld_obs"], b["metaworld_obs"])  # rendering does not touch physics
     finally:
         full.close()

@@ -50,3 +50,14 @@ def test_cache_keys_are_pinned():
     stop = Plateau([(4, 10)], 250, 4, smooth=4, require_convergence=True)
     assert warm_start_key(cfg, demos, None, OptimizerConfig(lr=2e-3, minibatch_size=64), stop) == "f65ffb9095eb"
     assert warm_start_key(cfg, demos, 10, OptimizerConfig()) == "a181408a49cf"
+
+
+def test_a_metaworld_start_is_keyed_by_what_the_renderer_draws(monkeypatch):
+    """A MetaWorld start trained on other images (e.g. before fast_render dropped multisampling) is another start;
+    the arena's keys do not depend on MetaWorld's renderer."""
+    import pi0.ript.warm_start as ws
+    cfg, demos = TinyArenaConfig(), [(1, 0), (2, 0)]
+    mw, arena = (warm_start_key(cfg, demos, 10, OptimizerConfig(), env=e) for e in ("metaworld", "arena"))
+    monkeypatch.setattr(ws, "RENDER_TAG", ws.RENDER_TAG + " (another renderer)")
+    assert warm_start_key(cfg, demos, 10, OptimizerConfig(), env="metaworld") != mw
+    assert warm_start_key(cfg, demos, 10, OptimizerConfig(), env="arena") == arena

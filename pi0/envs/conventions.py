@@ -120,8 +120,8 @@ def libero_env_spec(suite: str = "libero_spatial", task_id: int = 0, render_on_d
 
 def make_env_spec(env: str = "libero", suite: str = "libero_spatial", task_id: int = 0, **kwargs: Any) -> EnvSpec:
     """EnvSpec for ``env="libero"`` (a suite), ``env="arena"`` (the fast built-in env) or ``env="metaworld"`` (MT10),
-    render-on-demand. MetaWorld renders without shadows (``fast_render``, 4.1x cheaper frames) unless
-    ``fast_render=False``: one default, so warm-start demos, RL rollouts and evaluation see the same images."""
+    render-on-demand. MetaWorld renders without shadows or multisampling (``fast_render``, about 7x cheaper frames)
+    unless ``fast_render=False``: one default, so warm-start demos, RL rollouts and evaluation see the same images."""
     if env == "libero":
         return libero_env_spec(suite, task_id=task_id, **kwargs)
     if env == "arena":

@@ -27,6 +27,7 @@ from pi0.policies.pi0 import PI0Policy, PolicyConfig
 from pi0.policies.normalize import NormStats, Stats
 from pi0.policies.presets import default_cache_dir, tiny_tokenizer
 from pi0.envs import make_env_spec
+from pi0.envs.metaworld_env import RENDER_TAG
 from pi0.rollout import Episode, RolloutRunner, RunnerConfig
 from pi0.rollout.policies import collect_expert_demos
 from pi0.ript.collection import Collection, RolloutGenerator, sde_collector
@@ -212,6 +213,7 @@ def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]],
     opt = {k: v for k, v in asdict(opt_cfg).items() if k != "value_lr" and not (k == "warmup_steps" and v == 0)}
     blob = json.dumps([asdict(cfg), [list(s) for s in demo_states], sft_steps, opt,
                        stop.key_fields() if stop else None, "v2-all-dims"] + ([env] if env != "arena" else [])
+                      + ([RENDER_TAG] if env == "metaworld" else [])
                       + ([{"procs": procs}] if procs > 1 else []), sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
