@@ -9,7 +9,7 @@ bilinear filter (which antialiases when shrinking), kept as uint8; the 8-D state
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -21,6 +21,7 @@ __all__ = [
     "quat2axisangle",
     "libero_state",
     "libero_client_obs",
+    "libero_client_batch",
     "CLIENT_IMAGE_SIZE",
 ]
 
@@ -47,20 +48,19 @@ def _padded_geometry(in_h: int, in_w: int, height: int, width: int) -> tuple[int
     return resized_h, resized_w, pad_top, pad_left
 
 
-def _resize_with_pad_one(img: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
-    """Resize one (H, W, C) uint8 image into (height, width, C) keeping aspect ratio, zero padding."""
+def _resize_into(img: np.ndarray, out: np.ndarray, resample: int) -> None:
+    """Resize one (H, W, C) uint8 image with PIL into the zero canvas ``out`` (height, width, C), aspect kept."""
+    height, width = out.shape[:2]
     in_h, in_w = img.shape[:2]
     resized_h, resized_w, pad_top, pad_left = _padded_geometry(in_h, in_w, height, width)
     pil = Image.fromarray(img[..., 0] if img.shape[-1] == 1 else img)
     resized = np.asarray(pil.resize((resized_w, resized_h), resample=resample))
     if resized.ndim == 2:
         resized = resized[..., None]
-    out = np.zeros((height, width, img.shape[-1]), dtype=img.dtype)
     # Same as pasting onto a zero canvas: anything beyond the canvas is cropped.
     h = min(resized_h, height - pad_top)
     w = min(resized_w, width - pad_left)
     out[pad_top : pad_top + h, pad_left : pad_left + w] = resized[:h, :w]
-    return out
 
 
 def resize_with_pad(
@@ -82,7 +82,9 @@ def resize_with_pad(
         return images
     lead = images.shape[:-3]
     flat = images.reshape(-1, *images.shape[-3:])
-    out = np.stack([_resize_with_pad_one(im, height, width, resample) for im in flat])
+    out = np.zeros((len(flat), height, width, images.shape[-1]), dtype=images.dtype)
+    for im, canvas in zip(flat, out):  # one PIL call per image, written into the batch's canvas
+        _resize_into(im, canvas, resample)
     return out.reshape(*lead, height, width, images.shape[-1])
 
 
@@ -120,25 +122,39 @@ def libero_state(eef_pos: np.ndarray, eef_quat: np.ndarray, gripper_qpos: np.nda
     return np.concatenate([pos, quat2axisangle(eef_quat), grip])
 
 
+CLIENT_KEYS = ("agentview_image", "robot0_eye_in_hand_image", "robot0_eef_pos", "robot0_eef_quat",
+               "robot0_gripper_qpos")
+
+
+def libero_client_batch(obs_list: Sequence[Mapping[str, np.ndarray]], size: int = CLIENT_IMAGE_SIZE
+                        ) -> dict[str, np.ndarray]:
+    """B raw LIBERO obs -> dict(image=(B, size, size, 3) uint8, wrist_image=(B, size, size, 3) uint8, state=(B, 8)
+    float64): :func:`libero_client_obs` of each, with the rotation and the uint8 conversion done once per batch."""
+    for env_obs in obs_list:
+        missing = [k for k in CLIENT_KEYS if k not in env_obs]
+        if missing:
+            raise KeyError(f"LIBERO observation lacks {missing} (images are absent when a step was not rendered)")
+
+    def _img(key: str) -> np.ndarray:
+        raw = [np.asarray(o[key]) for o in obs_list]
+        if len({(x.shape, x.dtype) for x in raw}) > 1:  # mixed sizes: one image at a time
+            return np.stack([_img_one(x, size) for x in raw])
+        return _img_one(np.stack(raw), size)
+
+    state = [libero_state(o["robot0_eef_pos"], o["robot0_eef_quat"], o["robot0_gripper_qpos"]) for o in obs_list]
+    return {"image": _img("agentview_image"), "wrist_image": _img("robot0_eye_in_hand_image"),
+            "state": np.stack(state) if state else np.zeros((0, 8))}
+
+
+def _img_one(x: np.ndarray, size: int) -> np.ndarray:
+    """(..., H, W, C) rendered images -> (..., size, size, C) uint8: rotate 180, resize_with_pad, uint8."""
+    return convert_to_uint8(resize_with_pad(rotate_180(convert_to_uint8(x)), size, size))
+
+
 def libero_client_obs(env_obs: Mapping[str, np.ndarray], size: int = CLIENT_IMAGE_SIZE) -> dict[str, np.ndarray]:
     """Raw LIBERO obs -> dict(image=(size, size, 3) uint8, wrist_image=(size, size, 3) uint8, state=(8,) float64).
 
     Reads ``agentview_image``, ``robot0_eye_in_hand_image`` (as rendered, i.e. upside down), ``robot0_eef_pos``,
     ``robot0_eef_quat`` and ``robot0_gripper_qpos``; applies rotate 180, resize_with_pad and uint8 conversion.
     """
-    missing = [
-        k
-        for k in ("agentview_image", "robot0_eye_in_hand_image", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
-        if k not in env_obs
-    ]
-    if missing:
-        raise KeyError(f"LIBERO observation lacks {missing} (images are absent when a step was not rendered)")
-
-    def _img(x: np.ndarray) -> np.ndarray:
-        return convert_to_uint8(resize_with_pad(rotate_180(convert_to_uint8(x)), size, size))
-
-    return {
-        "image": _img(env_obs["agentview_image"]),
-        "wrist_image": _img(env_obs["robot0_eye_in_hand_image"]),
-        "state": libero_state(env_obs["robot0_eef_pos"], env_obs["robot0_eef_quat"], env_obs["robot0_gripper_qpos"]),
-    }
+    return {k: v[0] for k, v in libero_client_batch([env_obs], size).items()}

@@ -18,7 +18,7 @@ import torch
 
 from pi0.policies.io import Observation
 from pi0.rollout.types import PolicyOutput
-from pi0.transforms import libero_client_obs
+from pi0.transforms import libero_client_batch
 
 # as in openpi libero_policy.py LiberoInputs: agentview -> base_0_rgb, wrist camera -> left_wrist_0_rgb, and
 # the right wrist (absent on LIBERO) is a zero image whose mask is False for pi0 / pi0.5 but TRUE for pi0-FAST
@@ -66,8 +66,7 @@ def construct_libero_observation(env_obs: Mapping[str, Any] | Sequence[Mapping[s
     if len(prompts) != len(obs_list):
         raise ValueError(f"{len(prompts)} prompts for {len(obs_list)} observations")
     size = policy.config.model.vision.image_size
-    client = [libero_client_obs(o, size) for o in obs_list]
-    arrays = {k: np.stack([c[k] for c in client]) for k in ("image", "wrist_image", "state")}
+    arrays = libero_client_batch(obs_list, size)
     observation = libero_policy_observation(arrays, prompts, policy.config.image_keys, model_type_of_policy(policy))
     return observation, arrays
 
