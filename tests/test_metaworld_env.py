@@ -76,6 +76,35 @@ def test_fast_render_drops_shadows_and_multisampling_only_and_every_runner_uses_
         assert runner.env_factory.kwargs["fast_render"] is True
 
 
+RENDER_FRAMES = """
+import os, sys
+import numpy as np
+from pi0.envs import CAMERA_KEYS, make_env_spec
+env = make_env_spec("metaworld", task_id=2, resolution=64)().unwrapped
+obs = [env.reset(options={"init_state_id": 3})[0]]
+obs += [env.step(np.full(7, 0.3), render=True)[0] for _ in range(3)]
+np.save(sys.argv[1], np.stack([o[k] for o in obs for k in CAMERA_KEYS]))
+print(os.environ.get("LP_NUM_THREADS"))
+"""
+
+
+def test_renders_take_one_llvmpipe_thread_unless_told_and_match_more_threads(tmp_path):
+    """The env asks Mesa's CPU rasterizer for one thread (cheaper for 64-px frames) without overriding the user's
+    LP_NUM_THREADS, and the frames equal those of two threads bit for bit."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
+    one = subprocess.run([sys.executable, "-c", RENDER_FRAMES, str(tmp_path / "one.npy")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    two = subprocess.run([sys.executable, "-c", RENDER_FRAMES, str(tmp_path / "two.npy")],
+                         env={**env, "LP_NUM_THREADS": "2"}, capture_output=True, text=True, timeout=300)
+    assert one.returncode == two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    assert one.stdout.split()[-1] == "1" and two.stdout.split()[-1] == "2"
+    a, b = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    assert a.shape == (8, 64, 64, 3) and a.std() > 5
+    np.testing.assert_array_equal(a, b)
+
+
 def test_stage9_trains_on_metaworld_from_a_scripted_expert_warm_start(tmp_path):
     """The MetaWorld preset through the stage scripts' job: demos from MetaWorld's scripted experts (no arena-only
     path), SFT warm start, one LOOP iteration in subprocess workers, held-out evaluation."""

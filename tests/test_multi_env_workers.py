@@ -47,6 +47,9 @@ def test_multi_env_workers_equal_serial_run_and_coalesce_messages():
         assert len(vec.worker_rss()) == 4 and len(vec.worker_rss(per_process=True)) == 2
         eps = r.run(INITS, group_size=2)
         assert vec.num_respawns == 0 and r.last_stats.worker_failures == 0
+        # the first two groups start together, each over both processes (envs are offered process by process)
+        for g in (0, 1):
+            assert sorted(e.worker_index // 2 for e in eps if e.group_index == g) == [0, 1]
         # (c) raw API: one message and one reply per process per round, whatever the number of envs
         for i in range(4):
             vec.reset_async(i, task_id=i, init_state_id=i)

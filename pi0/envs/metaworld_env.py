@@ -23,6 +23,7 @@ policy I/O and the warm start need no MetaWorld-specific path):
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Any
 
@@ -187,6 +188,9 @@ class MetaWorldEnv(gym.Env):
         if self._renderer is None:
             if self.fast_render:  # one sample per pixel: read by the renderer's context, so set before it is made
                 env.model.vis.quality.offsamples = 0
+            # llvmpipe (Mesa's CPU rasterizer) splits each frame over a thread per core; for frames this small the
+            # hand-offs cost more than they save (the images are the same). Read when this process first renders.
+            os.environ.setdefault("LP_NUM_THREADS", "1")
             self._renderer = mujoco.Renderer(env.model, self.resolution, self.resolution)
             if self.fast_render:  # skip the extra shadow-map and mirror passes (module docstring)
                 for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION):

@@ -400,8 +400,16 @@ class _Run:
         return [[w for w in range(n) if side(w) == c] for c in (0, 1)]
 
     def fill(self, workers: Sequence[int] | None = None) -> None:
-        """Start episodes on free workers (all, or only ``workers`` / their blocks)."""
+        """Start episodes on free workers (all, or only ``workers`` / their blocks).
+
+        With several envs in each of several processes, the free envs are offered one process after the other
+        (env 0 of each process, then env 1, ...), so consecutive requests, the K rollouts of a group, spread over the
+        processes: a group's episodes tend to last alike (they share their init state), and a process holding whole
+        long groups would keep the others waiting at every round."""
         workers = range(len(self.slots)) if workers is None else workers
+        per = int(getattr(self.vec, "envs_per_worker", 1))
+        if per > 1 and len(self.slots) > per:  # (the grouped schedule takes blocks of consecutive envs anyway)
+            workers = sorted(workers, key=lambda w: (w % per, w // per))
         for w, req in self.scheduler.assignments(workers, lambda i: self.slots[i] is None, self.runner.worker_task):
             self.start(w, req)
 
