@@ -344,6 +344,7 @@ class _Run:
         self.results: dict[int, Episode] = {}
         self.last_error: dict[int, BaseException] = {}
         self.stats = RunStats()
+        self.per_process = int(getattr(vec, "envs_per_worker", 1))  # env i lives in process i // per_process
         self.bar = None
         if self.c.progress and _is_rank0():
             from tqdm import tqdm
@@ -395,7 +396,7 @@ class _Run:
         n = len(self.slots)
         if not self.c.overlap or n < 2:
             return [list(range(n))]
-        per = int(getattr(self.vec, "envs_per_worker", 1))
+        per = self.per_process
         side = (lambda w: (w // per) % 2) if -(-n // per) >= 2 else (lambda w: w % 2)  # noqa: E731
         return [[w for w in range(n) if side(w) == c] for c in (0, 1)]
 
@@ -407,7 +408,7 @@ class _Run:
         processes: a group's episodes tend to last alike (they share their init state), and a process holding whole
         long groups would keep the others waiting at every round."""
         workers = range(len(self.slots)) if workers is None else workers
-        per = int(getattr(self.vec, "envs_per_worker", 1))
+        per = self.per_process
         if per > 1 and len(self.slots) > per:  # (the grouped schedule takes blocks of consecutive envs anyway)
             workers = sorted(workers, key=lambda w: (w % per, w // per))
         for w, req in self.scheduler.assignments(workers, lambda i: self.slots[i] is None, self.runner.worker_task):
