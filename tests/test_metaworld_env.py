@@ -65,7 +65,9 @@ def test_fast_render_drops_shadows_and_multisampling_only_and_every_runner_uses_
         scene = np.abs(a[CAMERA_KEYS[0]].astype(int) - b[CAMERA_KEYS[0]].astype(int))
         assert b[CAMERA_KEYS[0]].shape == (64, 64, 3) and b[CAMERA_KEYS[0]].std() > 5
         assert 0 < scene.mean() < 8 and scene.max() > 10  # the same scene, less the cast shadows
-        assert full._env.model.vis.quality.offsamples == 4 and fast._env.model.vis.quality.offsamples == 0
+        assert full._renderer.renderer.model.vis.quality.offsamples == 4
+        assert fast._renderer.renderer.model.vis.quality.offsamples == 0
+        assert fast._env.model.vis.quality.offsamples == 4  # the renderer's copy is set, not the env's model
         np.testing.assert_array_equal(a["metaworld_obs"], b["metaworld_obs"])  # rendering does not touch physics
     finally:
         full.close()
@@ -74,6 +76,49 @@ def test_fast_render_drops_shadows_and_multisampling_only_and_every_runner_uses_
         assert runner.env_factory.kwargs["fast_render"] is True
     with build_runner(load_config("metaworld_mt10", check_paths=False)) as runner:  # stages 7-11: the same images
         assert runner.env_factory.kwargs["fast_render"] is True
+
+
+
+def test_envs_of_a_task_share_one_renderer_whose_frames_equal_a_private_renderers():
+    """Two envs of one task and one of another, switching tasks: one renderer per task in the process, and every
+    frame equals that of a private ``mujoco.Renderer`` of the env's own model (fast_render's settings, no culling)."""
+    import mujoco
+
+    from pi0.envs.metaworld_env import SCENE_CAMERA, WRIST_CAMERA, SceneRenderer
+
+    def private(env) -> list[np.ndarray]:
+        model = env._env.model
+        model.vis.quality.offsamples = 0
+        with mujoco.Renderer(model, 48, 48) as r:
+            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION):
+                r.scene.flags[flag] = 0
+            out = []
+            for cam in (SCENE_CAMERA, WRIST_CAMERA):
+                r.update_scene(env._env.data, camera=cam)
+                out.append(r.render().copy())
+        return out
+
+    SceneRenderer.close_all()
+    envs = [make_env_spec("metaworld", task_id=t, resolution=48)().unwrapped for t in (1, 1, 2)]
+    rng = np.random.default_rng(0)
+    try:
+        for tasks, renderers in (((1, 1, 2), 2), ((2, 5, 1), 3)):  # the second round switches every env's task
+            for i, (env, t) in enumerate(zip(envs, tasks)):
+                env.reset(options={"task_id": t, "init_state_id": 5 * i + t})
+            assert len(SceneRenderer._shared) == renderers
+            assert (envs[0]._renderer is envs[1]._renderer) == (tasks[0] == tasks[1])
+            for _ in range(2):
+                for env in envs:
+                    for _ in range(7):
+                        obs = env.step(np.clip(rng.normal(0, 0.8, 7), -1, 1), render=True)[0]
+                    for k, ref in zip(CAMERA_KEYS, private(env)):
+                        np.testing.assert_array_equal(obs[k], ref)
+    finally:
+        for env in envs:
+            env.close()
+    assert len(SceneRenderer._shared) == 3  # tasks 1, 2 and 5: kept for the process's next envs
+    SceneRenderer.close_all()
+    assert not SceneRenderer._shared
 
 
 RENDER_FRAMES = """

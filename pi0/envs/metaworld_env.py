@@ -10,7 +10,9 @@ policy I/O and the warm start need no MetaWorld-specific path):
   ``gripperPOV``; rendered only when asked (``render_on_demand``), as LIBERO's workers do. ``fast_render=True`` turns
   off MuJoCo's shadow and reflection passes (under llvmpipe 88 -> 20 ms for both 64-px cameras) and its 4x
   multisampling (a further 24 -> 14 ms on another 2-core machine): the same geometry and colours, without cast shadows
-  and with aliased edges (``RENDER_TAG``). Every runner of the package uses it.
+  and with aliased edges (``RENDER_TAG``). Without those passes it also skips the geoms outside each camera's view
+  (:mod:`pi0.envs.frustum_cull`: the same pixels; the wrist camera no longer draws the arm behind it). Every runner of
+  the package uses it. A process keeps one renderer per task (:class:`SceneRenderer`) for all its envs of that task.
 - Proprio: ``robot0_eef_pos`` = the hand position, ``robot0_eef_quat`` = a constant gripper-down quaternion (MetaWorld
   does not rotate the hand), ``robot0_gripper_qpos`` = (o, -o) with o MetaWorld's gripper opening (obs[3]), so the
   client's 8-D state is (hand xyz, constant axis-angle, o, -o).
@@ -23,6 +25,7 @@ policy I/O and the warm start need no MetaWorld-specific path):
 
 from __future__ import annotations
 
+import atexit
 import os
 from functools import lru_cache
 from typing import Any
@@ -32,6 +35,7 @@ import numpy as np
 from gymnasium import spaces
 
 from pi0.envs.conventions import CAMERA_KEYS, WAIT_ACTION, step_outcome
+from pi0.envs.frustum_cull import FrustumCuller
 
 # (MetaWorld env name, instruction): the MT10 benchmark's tasks
 MT10_TASKS: tuple[tuple[str, str], ...] = (
@@ -73,8 +77,9 @@ class MetaWorldEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
     supports_task_switch = True
-    # a switch rebuilds the MuJoCo sim and its renderer (about 1 s here, a same-task reset about 40 ms): the runner
-    # then prefers a worker whose env already has the episode's task
+    # a switch rebuilds the MuJoCo sim (about 125 ms with both 64-px renders, a same-task reset about 25 ms; it also
+    # built a renderer, about 1 s, before renderers were shared): the runner prefers a worker whose env already has
+    # the episode's task
     cheap_task_switch = False
     image_keys: tuple[str, ...] = CAMERA_KEYS
     wait_action: tuple[float, ...] = WAIT_ACTION
@@ -96,7 +101,7 @@ class MetaWorldEnv(gym.Env):
         self._seed = seed
         self._env: Any = None  # the MetaWorld env of the current task (re-created on a task switch)
         self._env_task = -1
-        self._renderer: Any = None
+        self._renderer: SceneRenderer | None = None  # shared by this process's envs of the task (SceneRenderer)
         self._raw: np.ndarray | None = None  # MetaWorld's 39-D observation
         self._images: tuple[np.ndarray, ...] | None = None
         self._steps, self._success = 0, False
@@ -182,24 +187,10 @@ class MetaWorldEnv(gym.Env):
     # ---------------------------------------------------------------- observations
     def _render(self) -> tuple[np.ndarray, np.ndarray]:
         """(scene, wrist) images (R, R, 3) uint8 of the current simulator state."""
-        import mujoco
-
-        env = self._env
         if self._renderer is None:
-            if self.fast_render:  # one sample per pixel: read by the renderer's context, so set before it is made
-                env.model.vis.quality.offsamples = 0
-            # llvmpipe (Mesa's CPU rasterizer) splits each frame over a thread per core; for frames this small the
-            # hand-offs cost more than they save (the images are the same). Read when this process first renders.
-            os.environ.setdefault("LP_NUM_THREADS", "1")
-            self._renderer = mujoco.Renderer(env.model, self.resolution, self.resolution)
-            if self.fast_render:  # skip the extra shadow-map and mirror passes (module docstring)
-                for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION):
-                    self._renderer.scene.flags[flag] = 0
-        out = []
-        for cam in (SCENE_CAMERA, WRIST_CAMERA):
-            self._renderer.update_scene(env.data, camera=cam)
-            out.append(self._renderer.render().copy())
-        return out[0], out[1]
+            self._renderer = SceneRenderer.shared(self._env.model, self.task_name, self.resolution, self.fast_render)
+        return (self._renderer.render(self._env.model, self._env.data, SCENE_CAMERA),
+                self._renderer.render(self._env.model, self._env.data, WRIST_CAMERA))
 
     def get_observation(self, render: bool = False) -> dict[str, np.ndarray]:
         """The current observation (images only if ``render`` or already rendered at this state)."""
@@ -245,9 +236,7 @@ class MetaWorldEnv(gym.Env):
         return self._render()[0]
 
     def _close_sim(self) -> None:
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        self._renderer = None  # the shared renderer stays for the process's other envs of the task
         if self._env is not None:
             self._env.close()
             self._env = None
@@ -256,4 +245,74 @@ class MetaWorldEnv(gym.Env):
         self._close_sim()
 
 
-__all__ = ["MT10_TASKS", "MetaWorldEnv", "expert_policy"]
+class SceneRenderer:
+    """The offscreen renderer of one task's scene, shared by every env of that task in this process.
+
+    A ``mujoco.Renderer`` owns a GL context and uploads the model's meshes and textures into it: about 0.3 s and
+    70-170 MB under llvmpipe. An env switching tasks would pay that at every switch (py-spy: 13% of a worker's time
+    in the RL bench), and 32 envs in one process hold 32 of them (5 GB). The envs of one task share one MJCF, so
+    the meshes and textures are the same: one renderer per (task, size, quality) serves them all, each frame built
+    from the env's own model and data (``mjv_updateScene``), as ``mujoco.Renderer.update_scene`` would from its
+    own. Not thread-safe: a process renders from one thread (the env servers and the in-process runner do).
+    """
+
+    _shared: dict[tuple[str, int, bool], SceneRenderer] = {}
+    _at_exit = False  # close_all is registered with atexit
+
+    def __init__(self, model: Any, resolution: int, fast_render: bool) -> None:
+        import copy
+
+        import mujoco
+
+        self._mj = mujoco
+        model = copy.copy(model)  # the renderer's own copy: its context outlives any env's model
+        if fast_render:  # read by the renderer's context, so set before it is made (module docstring)
+            model.vis.quality.offsamples = 0  # one sample per pixel
+            model.vis.quality.shadowsize = 0  # no shadow map: the shadow pass is off (saves 64 MB per context)
+        # llvmpipe (Mesa's CPU rasterizer) splits each frame over a thread per core; for frames this small the
+        # hand-offs cost more than they save (the images are the same). Read when this process first renders.
+        os.environ.setdefault("LP_NUM_THREADS", "1")
+        self.resolution = int(resolution)
+        self.renderer = mujoco.Renderer(model, self.resolution, self.resolution)
+        self.option = mujoco.MjvOption()
+        self.culler: FrustumCuller | None = None
+        if fast_render:  # skip the extra shadow-map and mirror passes (module docstring)
+            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION):
+                self.renderer.scene.flags[flag] = 0
+            # without those passes a geom outside the view adds nothing to the image: skip its vertices
+            self.culler = FrustumCuller(model)
+        self.cameras: dict[str, Any] = {}
+        for name in (SCENE_CAMERA, WRIST_CAMERA):
+            cam = mujoco.MjvCamera()
+            cam.type, cam.fixedcamid = mujoco.mjtCamera.mjCAMERA_FIXED, mujoco.mj_name2id(
+                model, mujoco.mjtObj.mjOBJ_CAMERA, name)
+            self.cameras[name] = cam
+
+    @classmethod
+    def shared(cls, model: Any, task: str, resolution: int, fast_render: bool) -> SceneRenderer:
+        """This process's renderer of ``task`` at ``resolution`` (made from ``model`` on first use)."""
+        key = (task, int(resolution), bool(fast_render))
+        if key not in cls._shared:
+            if not cls._at_exit:  # free the GL contexts before the interpreter tears down the GL bindings
+                atexit.register(cls.close_all)
+                cls._at_exit = True
+            cls._shared[key] = cls(model, resolution, fast_render)
+        return cls._shared[key]
+
+    @classmethod
+    def close_all(cls) -> None:
+        """Free every shared renderer of this process (the next render makes a new one)."""
+        for r in cls._shared.values():
+            r.renderer.close()
+        cls._shared.clear()
+
+    def render(self, model: Any, data: Any, camera: str) -> np.ndarray:
+        """(R, R, 3) uint8: ``camera``'s view of the env's ``model`` / ``data``."""
+        mj, scene = self._mj, self.renderer.scene
+        mj.mjv_updateScene(model, data, self.option, None, self.cameras[camera], mj.mjtCatBit.mjCAT_ALL, scene)
+        if self.culler is not None:
+            self.culler.cull_scene(data, scene, self.resolution, self.resolution)
+        return self.renderer.render().copy()
+
+
+__all__ = ["MT10_TASKS", "MetaWorldEnv", "SceneRenderer", "expert_policy"]
