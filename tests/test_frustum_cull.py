@@ -61,27 +61,31 @@ def test_margin_keeps_boxes_just_outside_and_an_off_axis_frustum_shifts_its_plan
 
 
 def test_metaworld_frames_are_the_same_with_culling_and_the_wrist_camera_skips_the_arm():
-    """Over random motions of three tasks, both cameras' frames with culling equal those without it bit for bit, and
-    the wrist camera culls the arm links behind it (so the test would see a culler that culls nothing)."""
+    """Along the scripted experts' motions of two tasks, both cameras' frames with culling equal those without it bit
+    for bit, and the wrist camera culls the arm links behind it (so the test would see a culler that culls nothing).
+    The window-close expert brings the wrist camera within centimetres of the window frame: a culler that took the
+    frustum from one of the scene's two eye cameras (3.4 cm to the side) instead of their average changed 5 of
+    these frames."""
     import mujoco
 
     from pi0.envs import make_env_spec
-    from pi0.envs.metaworld_env import SCENE_CAMERA, WRIST_CAMERA
+    from pi0.envs.metaworld_env import SCENE_CAMERA, WRIST_CAMERA, expert_policy
 
-    rng = np.random.default_rng(0)
-    for task in (1, 2, 5):
-        env = make_env_spec("metaworld", task_id=task, resolution=48)().unwrapped
+    for task in (2, 8):
+        env = make_env_spec("metaworld", task_id=task, resolution=64)().unwrapped
         try:
-            env.reset(options={"init_state_id": task})  # renders: the env now holds its task's shared renderer
+            env.reset(options={"init_state_id": 0})  # renders: the env now holds its task's shared renderer
             shared, m, d = env._renderer, env._env.model, env._env.data
             culler, r = shared.culler, shared.renderer
             assert culler is not None  # fast_render, every runner's default
             links = {g for g in range(m.ngeom) if m.geom_type[g] == mujoco.mjtGeom.mjGEOM_MESH and
-                     mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[g]).startswith("right_l")}
+                     (mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[g]) or "").startswith("right_l")}
             assert len(links) >= 7  # the arm's link meshes
-            for step in range(60):
-                env.step(np.clip(rng.normal(0, 0.8, 7), -1, 1), render=False)
-                if step % 15:
+            expert = expert_policy(env.task_name)
+            for step in range(123):
+                a = np.clip(expert.get_action(env._raw), -1, 1)
+                env.step(np.array([a[0], a[1], a[2], 0, 0, 0, a[3]]), render=False)
+                if step % 3:
                     continue
                 for cam in (SCENE_CAMERA, WRIST_CAMERA):
                     r.update_scene(d, camera=cam)
@@ -89,7 +93,6 @@ def test_metaworld_frames_are_the_same_with_culling_and_the_wrist_camera_skips_t
                     np.testing.assert_array_equal(shared.render(m, d, cam), full)  # updates, culls, renders
                     skipped = {r.scene.geoms[i].objid for i in range(r.scene.ngeom)
                                if r.scene.geoms[i].type == mujoco.mjtGeom.mjGEOM_NONE}
-                    assert len(skipped) == int(np.sum([culler.culled(d, r.scene, 48, 48)[g] for g in skipped]))
                     if cam == WRIST_CAMERA:
                         assert len(links & skipped) >= 5
         finally:
