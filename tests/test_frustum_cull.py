@@ -97,3 +97,27 @@ def test_metaworld_frames_are_the_same_with_culling_and_the_wrist_camera_skips_t
                         assert len(links & skipped) >= 5
         finally:
             env.close()
+
+
+def test_stereo_and_orthographic_views_cull_nothing():
+    """Only a mono perspective view is this module's frustum; the wrist camera culls the arm in mono."""
+    import mujoco
+
+    from pi0.envs import make_env_spec
+    from pi0.envs.metaworld_env import WRIST_CAMERA
+
+    env = make_env_spec("metaworld", task_id=2, resolution=48)().unwrapped
+    try:
+        env.reset(options={"init_state_id": 0})
+        shared, d = env._renderer, env._env.data
+        scene = shared.renderer.scene
+        mujoco.mjv_updateScene(env._env.model, d, shared.option, None, shared.cameras[WRIST_CAMERA],
+                               mujoco.mjtCatBit.mjCAT_ALL, scene)
+        assert shared.culler.culled(d, scene, 48, 48).sum() >= 5
+        scene.stereo = mujoco.mjtStereo.mjSTEREO_SIDEBYSIDE
+        assert not shared.culler.culled(d, scene, 48, 48).any()
+        scene.stereo = mujoco.mjtStereo.mjSTEREO_NONE
+        scene.camera[0].orthographic = scene.camera[1].orthographic = 1
+        assert not shared.culler.culled(d, scene, 48, 48).any()
+    finally:
+        env.close()

@@ -13,6 +13,7 @@ The frustum is the one ``mjr_render`` builds (``render_gl3.c`` ``setView``, ``mj
 scene's two eye cameras for a mono render (each eye sits ``vis.global.ipd / 2`` to the side): eye at ``pos`` looking
 along ``forward``, image x along ``forward x up``, half-width ``frustum_width`` or, when that is 0, the
 viewport's aspect times half the height ``(top - bottom) / 2``, near and far planes at ``frustum_near/far``.
+Stereo and orthographic views are drawn whole (nothing culled).
 """
 
 from __future__ import annotations
@@ -72,22 +73,20 @@ class FrustumCuller:
     def culled(self, data: Any, scene: Any, width: int, height: int) -> np.ndarray:
         """(G,) bool: the model geoms outside the view of ``scene``'s camera (as set by ``update_scene``)."""
         mj = self._mujoco
-        # scene.camera holds the two eyes, each ipd / 2 (3.4 cm by default) off the camera: a mono render draws from
-        # their average (mjr_render: mjv_averageCamera), a stereo one from each eye in turn
-        if scene.stereo == mj.mjtStereo.mjSTEREO_NONE:
-            eyes = [mj.mjv_averageCamera(scene.camera[0], scene.camera[1])]
-        else:
-            eyes = [scene.camera[0], scene.camera[1]]
-        if any(cam.orthographic for cam in eyes):  # not this module's frustum: cull nothing
+        # scene.camera holds the two eyes, each ipd / 2 (3.4 cm by default) off the camera; a mono render draws from
+        # their average (mjr_render: mjv_averageCamera). Stereo (other viewports) and orthographic views are not
+        # this module's frustum: cull nothing
+        if scene.stereo != mj.mjtStereo.mjSTEREO_NONE:
+            return np.zeros(len(self._cullable), bool)
+        cam = mj.mjv_averageCamera(scene.camera[0], scene.camera[1])
+        if cam.orthographic:
             return np.zeros(len(self._cullable), bool)
         xmat = np.asarray(data.geom_xmat, np.float64).reshape(-1, 3, 3)
         world = np.einsum("gij,gkj->gki", xmat, self._corners) + np.asarray(data.geom_xpos)[:, None]  # (G, 8, 3)
-        out = self._cullable.copy()
-        for cam in eyes:  # culled only if outside every eye's view
-            halfwidth = cam.frustum_width or 0.5 * width / height * (cam.frustum_top - cam.frustum_bottom)
-            out &= outside_frustum(world, cam.pos, cam.forward, cam.up, cam.frustum_center, halfwidth,
-                                   cam.frustum_bottom, cam.frustum_top, cam.frustum_near, cam.frustum_far)
-        return out
+        halfwidth = cam.frustum_width or 0.5 * width / height * (cam.frustum_top - cam.frustum_bottom)
+        out = outside_frustum(world, cam.pos, cam.forward, cam.up, cam.frustum_center, halfwidth, cam.frustum_bottom,
+                              cam.frustum_top, cam.frustum_near, cam.frustum_far)
+        return out & self._cullable
 
     def cull_scene(self, data: Any, scene: Any, width: int, height: int) -> int:
         """Mark the scene's geoms outside the view as not drawn; returns how many."""
