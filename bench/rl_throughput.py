@@ -22,6 +22,11 @@ per second, groups rolled per iteration. The last line is
     .venv/bin/python bench/rl_throughput.py --env metaworld --task 1 2 5 --num_demos 20 --train_states 200 \
         --val_start 200 --val_states 20 --eval_start 250 --eval_states 70 --iterations 5
 
+A speed change must not change the numbers. ``--trace FILE`` writes a hash of every policy call's inputs and outputs
+and of the weights after every iteration; a later run with ``--trace_against FILE`` (say, from a worktree of the old
+code) prints the first record where the two runs part, or ``identical: N records``. With ``--lr 0`` the policy stays
+at the start, so only collection is compared, and the two codes' iterations do the same work.
+
 The GPU row (``bench/gpu_suite.py``'s ``rl_throughput`` step) times full-size pi0 instead of the bench's tiny start:
 ``--random_init full`` builds pi0 (PaliGemma 2B + the 300M expert, bf16) with random weights on ``--device``, the
 arena renders at the model's 224 px, and the update trains ``--trainable expert`` in bf16 with float32 masters.
@@ -34,6 +39,7 @@ iteration, not its learning) and no held-out evaluation runs:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -66,6 +72,11 @@ class Config(rlb.Config):
     paths: str = "baseline,fast"  # which paths to run, in this order ("fast:<x>": the fast path at oversample x)
     baseline_num_envs: int = 0  # today's runner: 0 = arena num_groups x group_size in process, MetaWorld 2 workers
     json_out: str = ""  # write the results here as JSON too
+    # a replay check for a speed change: a hash of every policy call's inputs and outputs and of the weights after
+    # every iteration, one JSON line each, written here; ``trace_against`` compares this run's with an earlier file
+    # and prints the first record where they part (two codes with identical traces ran the same numbers)
+    trace: str = ""
+    trace_against: str = ""
     # after the iterations, each path's policy on the held-out states (deterministic sampler, the same noise seed
     # for every path): the learning at equal iterations, not only the speed (0: skip)
     final_eval: int = 0
@@ -77,18 +88,62 @@ class Config(rlb.Config):
     max_steps: int = 0  # episode step cap (0: the env's own)
 
 
-class CountingPolicy:
-    """Wraps a ChunkPolicy: counts its calls, the observations they carried and the seconds they took."""
+def digest(*parts: Any) -> str:
+    """A short SHA-1 of arrays (bytes, dtype and shape), dicts of them (by sorted key), lists and strings."""
+    h = hashlib.sha1()
 
-    def __init__(self, inner: Any):
+    def add(x: Any) -> None:
+        if isinstance(x, dict):
+            for k in sorted(x):
+                h.update(str(k).encode())
+                add(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                add(v)
+        elif isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits
+            h.update(b"bfloat16")
+            add(x.detach().cpu().view(torch.int16).numpy())
+        elif isinstance(x, torch.Tensor):
+            add(x.detach().cpu().numpy())
+        elif isinstance(x, np.ndarray):
+            h.update(f"{x.dtype}{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        else:
+            h.update(repr(x).encode())
+
+    add(list(parts))
+    return h.hexdigest()[:16]
+
+
+def first_divergence(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> str:
+    """Where two traces (``--trace`` records) part, in words: ``identical: N records`` when they do not."""
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            what = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            return (f"first difference at record {i} ({a.get('path')} {a.get('kind')} {a.get('index')}): "
+                    f"{', '.join(what)} differ")
+    if len(ours) != len(theirs):
+        return f"identical for {min(len(ours), len(theirs))} records, then one trace ends ({len(ours)} vs {len(theirs)})"
+    return f"identical: {len(ours)} records"
+
+
+class CountingPolicy:
+    """Wraps a ChunkPolicy: counts its calls, the observations they carried and the seconds they took (and with
+    ``trace`` a list, appends a hash of each call's inputs and outputs to it)."""
+
+    def __init__(self, inner: Any, trace: list[dict[str, Any]] | None = None, name: str = ""):
         self.inner = inner
         self.calls = self.rows = 0
         self.seconds = 0.0
+        self.trace, self.name = trace, name
 
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
         t0 = time.perf_counter()
         out = self.inner.predict_chunks(obs, prompts)
         self.seconds += time.perf_counter() - t0
+        if self.trace is not None:  # outside the timed span
+            self.trace.append({"path": self.name, "kind": "call", "index": self.calls, "rows": len(obs),
+                               "inputs": digest(obs, prompts), "outputs": digest(out.actions, out.extras)})
         self.calls += 1
         self.rows += len(obs)
         return out
@@ -142,7 +197,7 @@ def baseline_runner(cfg: Config, policy: PI0Policy):
 class BenchPath:
     """One path's trainer, runner and counters (built from the start at ``root``, or random: ``--random_init``)."""
 
-    def __init__(self, cfg: Config, root: Path | None, name: str):
+    def __init__(self, cfg: Config, root: Path | None, name: str, trace: list[dict[str, Any]] | None = None):
         fast = name != "baseline"
         oversample = float(name.split(":", 1)[1]) if ":" in name else None  # "fast:1.0": that oversample
         self.cfg, self.name = cfg, name
@@ -154,7 +209,8 @@ class BenchPath:
         _, _, train_states = rlb.splits(cfg)
         self.trainer = RIPTTrainer(policy, self.runner, InitStateSampler(train_states, seed=cfg.seed + 1),
                                    rl_config(cfg, fast, oversample, policy))
-        self.counting = CountingPolicy(self.trainer.rollouts.policy)
+        self.counting = CountingPolicy(self.trainer.rollouts.policy, trace, name)
+        self.trace, self.iterations = trace, 0
         self.trainer.rollouts.policy = self.counting
         self.rows: list[dict[str, float]] = []
 
@@ -165,6 +221,10 @@ class BenchPath:
         t0 = time.perf_counter()
         st = self.trainer.step()
         wall = time.perf_counter() - t0
+        if self.trace is not None:
+            self.trace.append({"path": self.name, "kind": "weights", "index": self.iterations,
+                               "weights": digest(dict(self.trainer.policy.model.state_dict()))})
+        self.iterations += 1
         if not timed:
             return
         col = self.trainer.last_collection
@@ -189,14 +249,27 @@ class BenchPath:
                 "rollout_success": s["success"] / n, "per_iteration": rows}
 
 
+def write_trace(cfg: Config, trace: list[dict[str, Any]]) -> None:
+    """``--trace``: the records as JSON lines; ``--trace_against``: where this run parts from the earlier one."""
+    if cfg.trace:
+        Path(cfg.trace).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.trace).write_text("".join(json.dumps(r) + "\n" for r in trace))
+    if cfg.trace_against:
+        theirs = [json.loads(line) for line in Path(cfg.trace_against).read_text().splitlines() if line]
+        print(f"replay against {cfg.trace_against}: {first_divergence(trace, theirs)}", flush=True)
+
+
 def run_paths(cfg: Config, root: Path | None, names: list[str]) -> dict[str, dict[str, Any]]:
     """The paths' iterations interleaved (one of each in turn), so that both see the same machine load."""
-    paths = [BenchPath(cfg, root, n) for n in names]
+    trace: list[dict[str, Any]] | None = [] if cfg.trace or cfg.trace_against else None
+    paths = [BenchPath(cfg, root, n, trace) for n in names]
     try:
         for i in range(cfg.warmup + cfg.iterations):
             for p in paths:
                 p.step(timed=i >= cfg.warmup)
         out = {p.name: p.summary() for p in paths}
+        if trace is not None:
+            write_trace(cfg, trace)
         if cfg.final_eval:
             _, held, _ = rlb.splits(cfg)
             held = [(t, i) for t, i in held if i < cfg.eval_start + cfg.final_eval]
@@ -232,6 +305,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if cfg.random_init and (cfg.env != "arena" or cfg.final_eval):
         raise SystemExit("error: --random_init times the arena only, without --final_eval (random weights learn "
                          "nothing to evaluate)")
+    if cfg.trace_against and not Path(cfg.trace_against).is_file():
+        raise SystemExit(f"error: --trace_against: no trace file at {cfg.trace_against}")
     if cfg.resolution < 0 or cfg.max_steps < 0:
         raise SystemExit("error: --resolution and --max_steps must be >= 0 (0: the default)")
     torch.set_num_threads(cfg.threads)
