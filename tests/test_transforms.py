@@ -135,29 +135,27 @@ def golden():
         return {k: data[k] for k in data.files}
 
 
+def _golden_raw(golden, i):
+    """Row ``i`` of the golden fixture's raw LIBERO observations, as the env returns them."""
+    return {
+        "agentview_image": golden["raw/agentview_image"][i],
+        "robot0_eye_in_hand_image": golden["raw/wrist_image"][i],
+        "robot0_eef_pos": golden["raw/eef_pos"][i],
+        "robot0_eef_quat": golden["raw/eef_quat"][i],
+        "robot0_gripper_qpos": golden["raw/gripper_qpos"][i],
+    }
+
+
 def test_client_obs_matches_openpi_golden(golden):
     n = golden["raw/agentview_image"].shape[0]
     assert n >= 2
     for i in range(n):
-        raw = {
-            "agentview_image": golden["raw/agentview_image"][i],
-            "robot0_eye_in_hand_image": golden["raw/wrist_image"][i],
-            "robot0_eef_pos": golden["raw/eef_pos"][i],
-            "robot0_eef_quat": golden["raw/eef_quat"][i],
-            "robot0_gripper_qpos": golden["raw/gripper_qpos"][i],
-        }
-        out = libero_client_obs(raw)
+        out = libero_client_obs(_golden_raw(golden, i))
         assert out["image"].shape == (224, 224, 3) and out["image"].dtype == np.uint8
         assert out["state"].shape == (8,) and out["state"].dtype == np.float64
         np.testing.assert_array_equal(out["image"], golden["client/image"][i])
         np.testing.assert_array_equal(out["wrist_image"], golden["client/wrist_image"][i])
         np.testing.assert_array_equal(out["state"], golden["client/state"][i])
-
-
-def _golden_raw(golden, i):
-    return {"agentview_image": golden["raw/agentview_image"][i],
-            "robot0_eye_in_hand_image": golden["raw/wrist_image"][i], "robot0_eef_pos": golden["raw/eef_pos"][i], "robot0_eef_quat": golden["raw/eef_quat"][i],
-            "robot0_gripper_qpos": golden["raw/gripper_qpos"][i]}
 
 
 def test_client_batch_matches_openpi_golden_whole_and_with_mixed_sizes(golden):
