@@ -85,6 +85,13 @@ def model_inputs(ref: dict[str, np.ndarray]) -> dict[str, object]:
     )
 
 
+def golden_env_obs(ref: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Row ``i`` of a golden fixture's raw LIBERO observations (``raw/*``), keyed as the LIBERO env returns them."""
+    return {"agentview_image": ref["raw/agentview_image"][i], "robot0_eye_in_hand_image": ref["raw/wrist_image"][i],
+            "robot0_eef_pos": ref["raw/eef_pos"][i], "robot0_eef_quat": ref["raw/eef_quat"][i],
+            "robot0_gripper_qpos": ref["raw/gripper_qpos"][i]}
+
+
 def assert_same_episodes(a, b) -> None:
     """Episodes equal in everything the env and the deterministic policy determine."""
     assert [e.key for e in a] == [e.key for e in b]

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import LIBERO_TINY, REPO
+from conftest import LIBERO_TINY, REPO, golden_env_obs
 from pi0.evaluation.debug import compare_sessions, write_debug_session
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.presets import tiny_policy
@@ -26,9 +26,7 @@ def _episode(obs_list, chunk_policy, prompt):
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
     ref = np.load(LIBERO_TINY / "reference.npz")
-    obs = [{"agentview_image": ref["raw/agentview_image"][i % 2], "robot0_eye_in_hand_image": ref["raw/wrist_image"][i % 2],
-            "robot0_eef_pos": ref["raw/eef_pos"][i % 2], "robot0_eef_quat": ref["raw/eef_quat"][i % 2],
-            "robot0_gripper_qpos": ref["raw/gripper_qpos"][i % 2]} for i in range(3)]
+    obs = [golden_env_obs(ref, i % 2) for i in range(3)]
     policy = tiny_policy(seed=0)
     import torch
     ep_a = _episode(obs, Pi0ChunkPolicy(policy, torch.Generator().manual_seed(0)), "put the bowl on the plate")

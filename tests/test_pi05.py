@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GOLDEN, REPO, model_inputs
+from conftest import GOLDEN, REPO, golden_env_obs, model_inputs
 from pi0.conversion.pi0 import key_rules
 from pi0.libero_policy import construct_libero_observation, predict_libero_action_chunk
 from pi0.models.config import Pi0Config
@@ -60,12 +60,6 @@ def policy_dir(tmp_path_factory):
     r = _convert(out, "--openpi_config", "pi05_libero")
     assert r.returncode == 0, r.stderr[-3000:]
     return out
-
-
-def _env_obs(ref, i):
-    return {"agentview_image": ref["raw/agentview_image"][i], "robot0_eye_in_hand_image": ref["raw/wrist_image"][i],
-            "robot0_eef_pos": ref["raw/eef_pos"][i], "robot0_eef_quat": ref["raw/eef_quat"][i],
-            "robot0_gripper_qpos": ref["raw/gripper_qpos"][i]}
 
 
 def test_adaptive_norm_key_map_by_hand():
@@ -154,7 +148,7 @@ def test_pi05_libero_policy_path_matches_openpi(policy_dir, pref):
     """Raw LIBERO observation + prompt + noise -> openpi's (10, 7) env actions, float32 and bf16-rounded weights."""
     policy = load_policy(policy_dir)
     n = pref["actions"].shape[0]
-    obs, _ = construct_libero_observation([_env_obs(pref, i) for i in range(n)], list(pref["prompt"]), policy)
+    obs, _ = construct_libero_observation([golden_env_obs(pref, i) for i in range(n)], list(pref["prompt"]), policy)
     inp = policy.prepare_inputs(obs)
     np.testing.assert_array_equal(inp["lang_tokens"].numpy(), pref["model_input/tokenized_prompt"])
     np.testing.assert_array_equal(inp["lang_masks"].numpy(), pref["model_input/tokenized_prompt_mask"])
@@ -163,9 +157,9 @@ def test_pi05_libero_policy_path_matches_openpi(policy_dir, pref):
         np.testing.assert_array_equal(mask.numpy(), pref[f"model_input/image_mask/{key}"])
     rounded = load_policy(policy_dir, openpi_bf16_params=True)
     for i in range(n):
-        actions = predict_libero_action_chunk(policy, _env_obs(pref, i), str(pref["prompt"][i]), noise=pref["noise"][i])
+        actions = predict_libero_action_chunk(policy, golden_env_obs(pref, i), str(pref["prompt"][i]), noise=pref["noise"][i])
         assert actions.shape == (10, 7) and np.abs(actions - pref["actions"][i]).max() < TOL
-        bf = predict_libero_action_chunk(rounded, _env_obs(pref, i), str(pref["prompt"][i]), noise=pref["noise"][i])
+        bf = predict_libero_action_chunk(rounded, golden_env_obs(pref, i), str(pref["prompt"][i]), noise=pref["noise"][i])
         assert np.abs(bf - pref["actions_bf16_params"][i]).max() < TOL
 
 
@@ -173,7 +167,7 @@ def test_pi05_libero_bf16_serving_within_openpis_floor(policy_dir, pref):
     policy = load_policy(policy_dir, dtype="bfloat16", openpi_bf16_params=True)
     errs, floors = [], []
     for i in range(pref["actions"].shape[0]):
-        a = predict_libero_action_chunk(policy, _env_obs(pref, i), str(pref["prompt"][i]), noise=pref["noise"][i])
+        a = predict_libero_action_chunk(policy, golden_env_obs(pref, i), str(pref["prompt"][i]), noise=pref["noise"][i])
         errs.append(np.abs(a - pref["actions"][i]).max())
         floors.append(np.abs(pref["actions_bf16"][i] - pref["actions"][i]).max())
     assert max(errs) <= 1.25 * max(floors), (errs, floors)
@@ -222,7 +216,7 @@ def test_stage1_server_and_one_rl_iteration_take_pi05(policy_dir, pref, tmp_path
                             "observation/wrist_image": pref["client/wrist_image"][0],
                             "observation/state": pref["client/state"][0]})
         np.testing.assert_array_equal(out["actions"], predict_libero_action_chunk(
-            policy, _env_obs(pref, 0), str(pref["prompt"][0]), noise=pref["noise"][0]))
+            policy, golden_env_obs(pref, 0), str(pref["prompt"][0]), noise=pref["noise"][0]))
         client._ws.close()
     # one RL iteration on the arena updates a tiny pi0.5 (its optimality condition enters through the time condition)
     pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import CAMERAS as CAMS
-from conftest import GOLDEN, REPO, need_fixture
+from conftest import GOLDEN, REPO, golden_env_obs, need_fixture
 from pi0.policies.libero import Pi0ChunkPolicy, construct_libero_observation, predict_libero_action_chunk
 from pi0.policies import load_policy
 from pi0.policies.pi0fast import discretize_state
@@ -46,12 +46,6 @@ def policy(policy_dir):
     return load_policy(policy_dir)
 
 
-def _env_obs(ref, i):
-    return {"agentview_image": ref["raw/agentview_image"][i], "robot0_eye_in_hand_image": ref["raw/wrist_image"][i],
-            "robot0_eef_pos": ref["raw/eef_pos"][i], "robot0_eef_quat": ref["raw/eef_quat"][i],
-            "robot0_gripper_qpos": ref["raw/gripper_qpos"][i]}
-
-
 def test_converted_config_is_openpis_pi0_fast_libero(policy):
     cfg = policy.config
     assert (cfg.model.action_horizon, cfg.model.max_token_len, cfg.model.action_dim) == (10, 180, 7)
@@ -61,7 +55,7 @@ def test_converted_config_is_openpis_pi0_fast_libero(policy):
 
 def test_model_inputs_match_openpi(policy, ref):
     n = ref["actions"].shape[0]
-    observation, client = construct_libero_observation([_env_obs(ref, i) for i in range(n)], list(ref["prompt"]),
+    observation, client = construct_libero_observation([golden_env_obs(ref, i) for i in range(n)], list(ref["prompt"]),
                                                        policy)
     np.testing.assert_array_equal(client["image"], ref["client/image"])
     np.testing.assert_array_equal(client["wrist_image"], ref["client/wrist_image"])
@@ -83,7 +77,7 @@ def test_model_inputs_match_openpi(policy, ref):
 def test_greedy_tokens_and_env_actions_match_openpi(policy, ref):
     """Raw observation + prompt -> output tokens (exact) -> (10, 7) env actions, one observation at a time."""
     for i in range(ref["actions"].shape[0]):
-        actions, info = predict_libero_action_chunk(policy, _env_obs(ref, i), str(ref["prompt"][i]),
+        actions, info = predict_libero_action_chunk(policy, golden_env_obs(ref, i), str(ref["prompt"][i]),
                                                     return_info=True)
         np.testing.assert_array_equal(info["output_tokens"][0].numpy(), ref["model_output/tokens"][i])
         assert actions.shape == (10, 7) and actions.dtype == np.float64
@@ -91,7 +85,7 @@ def test_greedy_tokens_and_env_actions_match_openpi(policy, ref):
         # the random model writes no "Action: ": openpi's zero chunk, flagged as not ok
         assert not info["ok"][0] and "Action: " in info["problems"][0]
     # batched over the rollout engine's adapter: the same tokens as each observation alone
-    out = Pi0ChunkPolicy(policy).predict_chunks([_env_obs(ref, i) for i in range(2)], list(ref["prompt"]))
+    out = Pi0ChunkPolicy(policy).predict_chunks([golden_env_obs(ref, i) for i in range(2)], list(ref["prompt"]))
     np.testing.assert_array_equal(out.extras["output_tokens"], ref["model_output/tokens"])
     np.testing.assert_allclose(out.actions, ref["actions"], rtol=0, atol=1e-12)
 
@@ -138,6 +132,6 @@ def test_training_format_matches_openpi(policy, ref):
 def test_openpi_bf16_params_tokens(policy_dir, ref):
     """Unmodified openpi serving restores params as bf16 (float32 compute); openpi_bf16_params reproduces it."""
     pol = load_policy(policy_dir, openpi_bf16_params=True)
-    actions, info = predict_libero_action_chunk(pol, _env_obs(ref, 0), str(ref["prompt"][0]), return_info=True)
+    actions, info = predict_libero_action_chunk(pol, golden_env_obs(ref, 0), str(ref["prompt"][0]), return_info=True)
     np.testing.assert_array_equal(info["output_tokens"][0].numpy(), ref["model_output/tokens_bf16_params"][0])
     np.testing.assert_allclose(actions, ref["actions_bf16_params"][0], rtol=0, atol=1e-12)

@@ -18,7 +18,7 @@ import websockets.sync.client as ws_sync
 from openpi_client import msgpack_numpy as openpi_msgpack
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from conftest import GOLDEN, LIBERO_TINY, REPO
+from conftest import GOLDEN, LIBERO_TINY, REPO, golden_env_obs
 from pi0.policies.libero import predict_libero_action_chunk
 from pi0.modeling_pi0 import PI0Policy
 from pi0.policies import load_policy
@@ -38,12 +38,6 @@ def _client_obs(ref, i):
     """What openpi's examples/libero/main.py sends (client steps already applied)."""
     return {"observation/image": ref["client/image"][i], "observation/wrist_image": ref["client/wrist_image"][i],
             "observation/state": ref["client/state"][i], "prompt": str(ref["prompt"][i])}
-
-
-def _env_obs(ref, i):
-    return {"agentview_image": ref["raw/agentview_image"][i], "robot0_eye_in_hand_image": ref["raw/wrist_image"][i],
-            "robot0_eef_pos": ref["raw/eef_pos"][i], "robot0_eef_quat": ref["raw/eef_quat"][i],
-            "robot0_gripper_qpos": ref["raw/gripper_qpos"][i]}
 
 
 def _noise_by_state(ref):
@@ -93,7 +87,7 @@ def test_openpi_client_gets_in_process_actions(converted_tiny, ref):
             "observation_keys"]
         for i in range(len(ref["actions"])):
             out = client.infer(_client_obs(ref, i))
-            expected = predict_libero_action_chunk(policy, _env_obs(ref, i), str(ref["prompt"][i]),
+            expected = predict_libero_action_chunk(policy, golden_env_obs(ref, i), str(ref["prompt"][i]),
                                                    noise=ref["noise"][i])
             assert out["actions"].shape == (50, 7) and out["actions"].dtype == np.float64
             np.testing.assert_array_equal(out["actions"], expected)  # same path, same batch size: bit-exact
@@ -125,7 +119,7 @@ def test_bad_input_gets_error_frame_and_server_keeps_serving(ref):
                             "must be uint8, got int64")
         second = WebsocketClientPolicy(host="127.0.0.1", port=port)  # a new client is still served
         out = second.infer(good)
-        expected = predict_libero_action_chunk(policy, _env_obs(ref, 0), str(ref["prompt"][0]), noise=noise)
+        expected = predict_libero_action_chunk(policy, golden_env_obs(ref, 0), str(ref["prompt"][0]), noise=noise)
         np.testing.assert_array_equal(out["actions"], expected)
         second._ws.close()
 
@@ -146,7 +140,7 @@ def test_concurrent_clients_are_batched(ref):
     noise, noise_fn = _fixed_noise(policy)
     server = PolicyServer(LiberoServingPolicy(policy, noise_fn=noise_fn), host="127.0.0.1", port=0)
     obs = [_client_obs(ref, i % 2) for i in range(3)]
-    expected = [predict_libero_action_chunk(policy, _env_obs(ref, i % 2), str(ref["prompt"][i % 2]), noise=noise)
+    expected = [predict_libero_action_chunk(policy, golden_env_obs(ref, i % 2), str(ref["prompt"][i % 2]), noise=noise)
                 for i in range(3)]
     with server.running() as port:
         clients = [WebsocketClientPolicy(host="127.0.0.1", port=port) for _ in range(3)]
@@ -234,7 +228,7 @@ def test_serve_policy_script_serves_a_converted_pi0fast(tmp_path):
         assert meta["model_type"] == "pi0fast" and meta["action_horizon"] == 10
         for i in range(2):
             out = client.infer(_client_obs(fref, i))
-            expected = predict_libero_action_chunk(policy, _env_obs(fref, i), str(fref["prompt"][i]))
+            expected = predict_libero_action_chunk(policy, golden_env_obs(fref, i), str(fref["prompt"][i]))
             np.testing.assert_array_equal(out["actions"], expected)
             np.testing.assert_allclose(out["actions"], fref["actions"][i], rtol=0, atol=1e-12)
         client._ws.close()
@@ -269,6 +263,6 @@ def test_server_bounds_frames_and_checks_declared_arrays(ref):
                 unpackb(msgpack.packb({"x": bad}))
         second = WebsocketClientPolicy(host="127.0.0.1", port=port)
         out = second.infer(good)
-        expected = predict_libero_action_chunk(policy, _env_obs(ref, 0), str(ref["prompt"][0]), noise=noise)
+        expected = predict_libero_action_chunk(policy, golden_env_obs(ref, 0), str(ref["prompt"][0]), noise=noise)
         np.testing.assert_array_equal(out["actions"], expected)
         second._ws.close()

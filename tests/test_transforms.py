@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import LIBERO_TINY, golden_env_obs
 from pi0.transforms import (libero_client_batch, libero_client_obs, libero_state, quat2axisangle, resize_with_pad,
                             rotate_180)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-GOLDEN = SHARED / "golden" / "openpi_libero_policy_tiny" / "reference.npz"
+GOLDEN = LIBERO_TINY / "reference.npz"
 
 S = math.sqrt(0.5)
 
@@ -135,22 +134,11 @@ def golden():
         return {k: data[k] for k in data.files}
 
 
-def _golden_raw(golden, i):
-    """Row ``i`` of the golden fixture's raw LIBERO observations, as the env returns them."""
-    return {
-        "agentview_image": golden["raw/agentview_image"][i],
-        "robot0_eye_in_hand_image": golden["raw/wrist_image"][i],
-        "robot0_eef_pos": golden["raw/eef_pos"][i],
-        "robot0_eef_quat": golden["raw/eef_quat"][i],
-        "robot0_gripper_qpos": golden["raw/gripper_qpos"][i],
-    }
-
-
 def test_client_obs_matches_openpi_golden(golden):
     n = golden["raw/agentview_image"].shape[0]
     assert n >= 2
     for i in range(n):
-        out = libero_client_obs(_golden_raw(golden, i))
+        out = libero_client_obs(golden_env_obs(golden, i))
         assert out["image"].shape == (224, 224, 3) and out["image"].dtype == np.uint8
         assert out["state"].shape == (8,) and out["state"].dtype == np.float64
         np.testing.assert_array_equal(out["image"], golden["client/image"][i])
@@ -162,18 +150,18 @@ def test_client_batch_matches_openpi_golden_whole_and_with_mixed_sizes(golden):
     """The policy's path (one batch per call, rotated and resized together) gives openpi's client arrays; a batch
     whose renders differ in size (here a float render of half the size) falls back to one image at a time."""
     n = golden["raw/agentview_image"].shape[0]
-    out = libero_client_batch([_golden_raw(golden, i) for i in range(n)])
+    out = libero_client_batch([golden_env_obs(golden, i) for i in range(n)])
     for k in ("image", "wrist_image", "state"):
         np.testing.assert_array_equal(out[k], golden[f"client/{k}"])
-    small = _golden_raw(golden, 0)
+    small = golden_env_obs(golden, 0)
     small["agentview_image"] = small["agentview_image"][::2, ::2].astype(np.float32) / 255.0
-    mixed = libero_client_batch([small, _golden_raw(golden, 1)], 56)
+    mixed = libero_client_batch([small, golden_env_obs(golden, 1)], 56)
     assert mixed["image"].shape == (2, 56, 56, 3) and mixed["image"].dtype == np.uint8
-    ref = libero_client_obs(_golden_raw(golden, 1), 56)
+    ref = libero_client_obs(golden_env_obs(golden, 1), 56)
     np.testing.assert_array_equal(mixed["image"][1], ref["image"])
     np.testing.assert_array_equal(mixed["image"][0], libero_client_obs(small, 56)["image"])
     with pytest.raises(KeyError, match="robot0_eef_pos"):
-        libero_client_batch([_golden_raw(golden, 0), {k: v for k, v in small.items() if k != "robot0_eef_pos"}])
+        libero_client_batch([golden_env_obs(golden, 0), {k: v for k, v in small.items() if k != "robot0_eef_pos"}])
 
 
 def test_client_obs_missing_image_key_is_explicit(golden):
