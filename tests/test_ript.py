@@ -436,6 +436,55 @@ def test_a_converged_start_is_reused_under_a_higher_step_cap(tmp_path):
     assert third != root
 
 
+def test_a_capped_start_resumes_under_a_higher_cap_to_the_uninterrupted_run(tmp_path):
+    """The not-converged error asks for a higher cap; the rerun continues from the last check (weights, AdamW, RNGs,
+    curve, patience) instead of retraining, and ends where one run under the higher cap ends, to the bit."""
+    from dataclasses import replace
+
+    from pi0.ript.warm_start import Plateau, arena_expert_demos, cached_warm_start, demo_windows, sft_to_plateau
+    cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
+    opt = OptimizerConfig(lr=1e-2, minibatch_size=4)
+    stop = Plateau([(4, 7), (4, 8)], every=2, patience=50, require_convergence=True)
+
+    def fresh():
+        pol = tiny_arena_policy(cfg, default_norm_stats(8, 7))
+        return pol, demo_windows(pol, arena_expert_demos([(0, 0), (4, 0)], 4, 2, resolution=32))
+    partial = tmp_path / "start.partial.pt"
+    runner = arena_runner(2, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        torch.manual_seed(0)
+        pol, windows = fresh()
+        with pytest.raises(UserError, match="resumes at step 6"):
+            sft_to_plateau(pol, windows, opt, 6, stop, runner, log=False, resume=partial)
+        saved = torch.load(partial, weights_only=True)
+        torch.manual_seed(0)
+        pol, windows = fresh()
+        with pytest.raises(UserError, match="resumes at step 10"):
+            sft_to_plateau(pol, windows, opt, 10, stop, runner, log=False, resume=partial)
+        resumed = torch.load(partial, weights_only=True)
+        torch.manual_seed(0)
+        ref, windows = fresh()
+        with pytest.raises(UserError, match="cap 10"):
+            sft_to_plateau(ref, windows, opt, 10, stop, runner, log=False)
+        # the partial of a run past the cap is not what the cap trains: ignored
+        torch.manual_seed(0)
+        short, windows = fresh()
+        curve = sft_to_plateau(short, windows, opt, 4, replace(stop, require_convergence=False), runner, log=False,
+                               resume=partial)
+    finally:
+        runner.close()
+    assert saved["done"] == 6 and resumed["done"] == 10 and [c["steps"] for c in curve] == [2, 4]
+    assert resumed["curve"][:3] == saved["curve"]  # the first three checks were loaded, not rerun (their timings too)
+    for name, v in ref.model.state_dict().items():  # the uninterrupted run's weights, to the bit
+        assert torch.equal(v, pol.model.state_dict()[name]) and torch.equal(v, resumed["model"][name]), name
+    assert any(not torch.equal(v, saved["model"][n]) for n, v in ref.model.state_dict().items())  # it trained on
+    # the cached start deletes its partial once the start is stored
+    quick = Plateau([(4, 7)], every=2, patience=1, require_convergence=True)
+    _, _, root = cached_warm_start(cfg, [(4, 0)], 10, OptimizerConfig(lr=1e-3, minibatch_size=8), cache_dir=tmp_path,
+                                   resolution=32, stop=quick)
+    assert (root / "model.safetensors").is_file() and not list(root.parent.glob("*.partial.pt*"))
+
+
 def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
     from pi0.ript.collection import Collection, Group
     from pi0.ript.warm_start import success_windows

@@ -233,21 +233,37 @@ def validation_success(runner: RolloutRunner, policy: PI0Policy, states: Sequenc
 
 def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: OptimizerConfig, max_steps: int,
                    stop: Plateau, runner: RolloutRunner, seed: int = 0, log: bool = True,
-                   info: DistInfo | None = None) -> list[dict[str, float]]:
+                   info: DistInfo | None = None, resume: Path | None = None) -> list[dict[str, float]]:
     """SFT until ``stop`` says validation success plateaued (or ``max_steps``: an error with
     ``stop.require_convergence``); loads the best weights into ``policy`` -> the validation curve [{steps,
     val_success, val_smoothed, seconds}].
 
     ``info``: data parallel. Each rank passes its shard of the windows and a per-rank minibatch; the gradients are
     averaged over ranks (``PolicyUpdate``), the validation counts summed (:func:`validation_success`), so every rank
-    takes the same decisions and ends with the same weights."""
+    takes the same decisions and ends with the same weights.
+
+    ``resume`` (one process): after every check the run's whole state (weights, AdamW and RNG states, the curve, the
+    best weights, the patience count) is written there, and a call that finds the file continues from it, so a run
+    stopped by the step cap (or killed) goes on under a higher cap to exactly the weights and curve one
+    uninterrupted run would give. The caller names the file by everything but the cap and deletes it when done."""
     import copy
 
     upd, done, curve, t0 = None, 0, [], time.perf_counter()
     best, best_state, since = -1.0, None, 0
     k = max(1, int(stop.smooth))
     update_seed = seed + 1000 * info.rank if info is not None else seed  # flow noise / minibatch order per rank
-    while done < max_steps:
+    if resume is not None and info is not None and info.enabled:
+        raise ValueError("sft_to_plateau: resume is for one process (the data-parallel start does not resume)")
+    st = torch.load(resume, weights_only=True) if resume is not None and resume.is_file() else None
+    if st is not None and st["done"] <= max_steps:  # (a run past this cap is not what this cap trains)
+        policy.model.load_state_dict(st["model"])
+        upd = PolicyUpdate(FlowMatchingObjective(policy), opt_cfg, seed=update_seed)
+        upd.load_state_dict(st["update"])
+        done, curve, best, best_state, since = st["done"], st["curve"], st["best"], st["best_state"], st["since"]
+        t0 -= curve[-1]["seconds"] if curve else 0.0
+        if log:
+            print(f"warm start: resumed at {done} SFT steps from {resume}", flush=True)
+    while done < max_steps and not (curve and since >= stop.patience):
         n = min(stop.every, max_steps - done)
         upd = sft(policy, windows, opt_cfg, steps=n, seed=update_seed, update=upd, info=info)
         done += n
@@ -261,19 +277,23 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
             print(f"warm start: {done} SFT steps, validation success {val:.3f}"
                   + (f" (mean of the last {k}: {smoothed:.3f})" if k > 1 and smoothed is not None else "")
                   + f" (best {max(best, smoothed if smoothed is not None else -1.0):.3f})", flush=True)
-        if smoothed is None:
-            continue
-        if smoothed > best + stop.min_delta:
-            best, best_state, since = smoothed, copy.deepcopy(policy.model.state_dict()), 0
-        else:
-            since += 1
-            if since >= stop.patience:
-                break
+        if smoothed is not None:
+            if smoothed > best + stop.min_delta:
+                best, best_state, since = smoothed, copy.deepcopy(policy.model.state_dict()), 0
+            else:
+                since += 1
+        if resume is not None:  # written whole, then renamed: a kill leaves the last complete check
+            tmp = resume.with_name(resume.name + ".tmp")
+            torch.save({"model": policy.model.state_dict(), "update": upd.state_dict(), "done": done, "curve": curve,
+                        "best": best, "best_state": best_state, "since": since}, tmp)
+            tmp.replace(resume)
+        if since >= stop.patience:
+            break
     else:
         if stop.require_convergence and since < stop.patience:
             raise UserError(f"the SFT start did not converge: the step cap {max_steps} came after {since} of "
                             f"{stop.patience} patience checks without a gain; raise the cap (--sft_steps, "
-                            f"task.warm_start_steps)")
+                            f"task.warm_start_steps)" + (f" and the start resumes at step {done}" if resume else ""))
     if best_state is not None:
         policy.model.load_state_dict(best_state)
     policy.eval()
@@ -373,9 +393,13 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     elif procs > 1:
         curve = sft_to_plateau_parallel(cfg, policy, windows, opt_cfg, sft_steps, stop, procs, env, resolution)
     else:
+        # named by everything but the cap: a run stopped by the cap (or killed) resumes under a higher one
+        partial = cache / f"{warm_start_key(cfg, demo_states, None, opt_cfg, stop, env, procs)}.partial.pt"
+        cache.mkdir(parents=True, exist_ok=True)
         with validation_runner(env, stop.val_states, len(stop.val_states), cfg.n_action_steps,
                                resolution) as val_runner:
-            curve = sft_to_plateau(policy, windows, opt_cfg, sft_steps, stop, val_runner, seed=cfg.seed)
+            curve = sft_to_plateau(policy, windows, opt_cfg, sft_steps, stop, val_runner, seed=cfg.seed,
+                                   resume=partial)
     full = [c for c in curve if c["val_smoothed"] is not None]
     best = max(full, key=lambda c: c["val_smoothed"]) if full else None
     tmp = root.with_name(root.name + ".tmp")
@@ -386,6 +410,8 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
         "converged_key": converged_key, "stopped_at": curve[-1]["steps"] if curve else sft_steps, "procs": procs,
         "steps": best["steps"] if best else sft_steps, "plateau": best["val_smoothed"] if best else None}))
     tmp.rename(root)
+    if stop is not None and procs == 1:
+        partial.unlink(missing_ok=True)
     return policy, windows, root
 
 
