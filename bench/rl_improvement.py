@@ -4,7 +4,8 @@ Protocol:
 1. Start: a tiny pi0 (same architecture, small sizes) trained by SFT on ``--num_demos`` scripted-expert demos per task
    until success on ``--val_states`` validation init states (the mean of the last ``--smooth`` checks) has not improved
    for ``--patience`` checks (every ``--check_every`` steps; the best weights are kept; reaching ``--sft_steps``
-   first is an error unless ``--no-require_convergence``). Cached by config hash. A plateau
+   first is an error unless ``--no-require_convergence``; rerun with a higher cap and the start resumes from its last
+   check). Cached by config hash. A plateau
    outside ``--plateau_band`` (0.15-0.5) scales N by 0.75 (above) or 4/3 (below) and retrains, at most 3 times.
 2. Arms, each in its own process from the same start, side by side (they share the machine's 2 cores equally), each
    for ``--minutes`` of wall-clock: ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
@@ -34,8 +35,9 @@ Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall
     nice -n 10 .venv/bin/python bench/rl_improvement.py --stage tune --minutes 10 --out runs/bench_rl/tune
     nice -n 10 .venv/bin/python bench/rl_improvement.py --seed 0 --minutes 20 --tuned runs/bench_rl/tune/tune.json \
         --out runs/bench_rl/seed0
-    .venv/bin/python bench/rl_improvement.py --env metaworld --task 1 2 5 --num_demos 20 --minutes 30 --eval_states 70 \
-        --train_states 200 --val_start 200 --val_states 20 --eval_start 250 --out runs/bench_rl_mw/seed0
+    .venv/bin/python bench/rl_improvement.py --env metaworld --task 1 2 5 --num_demos 20 --minutes 40 --eval_states 70 \
+        --train_states 200 --val_start 200 --val_states 20 --eval_start 250 --curve_states 20 --snapshots 4 \
+        --sft_steps 20000 --tuned bench/results/rl_tune.json --out runs/bench_rl_mw/seed0
 """
 
 from __future__ import annotations
