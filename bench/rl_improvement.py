@@ -20,12 +20,13 @@ Protocol:
 
 Settings are chosen on validation states only (``--stage tune``): round j runs every arm side by side with the j-th
 entry of its grid (``--tune_rl``, ``--tune_sft``, ``--tune_rft``: the same number of points and the same minutes for
-each arm), scores each arm's final weights on the ``--val_states`` validation states, and writes ``<out>/tune.json``
-with every score and each arm's best entry. Held-out states are not built in that stage. ``--stage report
---tuned <tune.json>`` runs the arms with those entries and evaluates on held-out states (states 1600-1999 were seen
-by earlier probes, so the held-out default starts at 2000). ``--stage select --out <report dir>`` then selects each
-arm's checkpoint as early stopping would, every arm alike: each snapshot scored on the validation states, the best
-kept and evaluated on every held-out state (``<out>/selected.json``, paired differences of the selected policies).
+each arm), scores each arm's final weights on the ``--val_states`` validation states (``--tune_states``: more of them
+than the start's checks use), and writes ``<out>/tune.json`` with every score and each arm's best entry. Held-out
+states are not built in that stage. ``--stage report --tuned <tune.json>`` runs the arms with those entries and
+evaluates on held-out states (states 1600-1999 were seen by earlier probes, so the held-out default starts at 2000).
+``--stage select --out <report dir>`` then selects each arm's checkpoint as early stopping would, every arm alike:
+each snapshot scored on the validation states, the best kept and evaluated on every held-out state
+(``<out>/selected.json``, paired differences of the selected policies).
 ``--stage start`` only builds (or loads) the cached start, the band search included, and prints its record.
 
 Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall-clock, every arm). The last line is
@@ -109,6 +110,9 @@ class Config:
     train_states: int = 1500
     val_start: int = 1500
     val_states: int = 100
+    # validation states per task the tune stage scores, from val_start (0: val_states, the start's own checks); more
+    # than val_states reaches past the start's checks, never into the held-out range
+    tune_states: int = 0
     eval_start: int = 2000  # 1600-1999 were scored by earlier probes of the RL settings: not held out any more
     eval_states: int = 400
     # tuning: "tune" scores grid points on validation states; "report" evaluates on held-out states; "select" (after
@@ -156,10 +160,11 @@ class Config:
 def splits(cfg: Config) -> tuple[list, list, dict]:
     """Validation and held-out (task, id) lists, and the training states per task; refuses overlaps and bad
     options (one line each, before any work)."""
-    if not (cfg.num_demos <= cfg.train_states <= cfg.val_start and cfg.val_start + cfg.val_states <= cfg.eval_start):
+    n_val = max(cfg.val_states, cfg.tune_states)
+    if not (cfg.num_demos <= cfg.train_states <= cfg.val_start and cfg.val_start + n_val <= cfg.eval_start):
         raise SystemExit(f"error: the init-state split overlaps: need num_demos ({cfg.num_demos}) <= train_states "
-                         f"({cfg.train_states}) <= val_start ({cfg.val_start}) and val_start + val_states "
-                         f"({cfg.val_start + cfg.val_states}) <= eval_start ({cfg.eval_start})")
+                         f"({cfg.train_states}) <= val_start ({cfg.val_start}) and val_start + max(val_states, "
+                         f"tune_states) ({cfg.val_start + n_val}) <= eval_start ({cfg.eval_start})")
     if cfg.objective not in ("ppo", "cfg"):
         raise SystemExit(f"error: --objective must be ppo or cfg, got {cfg.objective!r}")
     if cfg.env not in ENVS:
@@ -183,6 +188,13 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     val = [(t, i) for t in cfg.task for i in range(cfg.val_start, cfg.val_start + cfg.val_states)]
     held = [(t, i) for t in cfg.task for i in range(cfg.eval_start, cfg.eval_start + cfg.eval_states)]
     return val, held, {t: range(cfg.train_states) for t in cfg.task}
+
+
+def tune_scored(cfg: Config) -> list[tuple[int, int]]:
+    """The validation (task, id) states the tune stage scores: ``--tune_states`` per task from ``--val_start``
+    (default: the start's ``--val_states``)."""
+    n = cfg.tune_states or cfg.val_states
+    return [(t, i) for t in cfg.task for i in range(cfg.val_start, cfg.val_start + n)]
 
 
 def parse_entry(entry: str, arm: str) -> dict[str, Any]:
@@ -361,8 +373,8 @@ def run_arm(cfg: Config) -> None:
     arm = cfg.arm
     cfg = arm_config(cfg, arm)
     policy, windows, _, _ = start(cfg)
-    val, held, train_states = splits(cfg)
-    scored = val if cfg.stage == "tune" else held  # the tune stage never builds the held-out states into anything
+    _, held, train_states = splits(cfg)
+    scored = tune_scored(cfg) if cfg.stage == "tune" else held  # tuning never builds held-out states into anything
     out = arm_dir(cfg, arm)
     out.mkdir(parents=True, exist_ok=True)
     seconds = cfg.minutes * 60
@@ -452,7 +464,7 @@ def tune(cfg: Config, argv: list[str], val: list, before: float) -> dict:
             print(f"tune: point {j} {arm} ({g[arm][j]}): validation success {rate:.3f}", flush=True)
     best = {arm: max(points[arm], key=lambda p: p["val_success"])["entry"] for arm in ARMS}  # ties: the first
     rec = {"env": cfg.env, "task": cfg.task, "seed": cfg.seed, "minutes": cfg.minutes,
-           "val_range": [cfg.val_start, cfg.val_start + cfg.val_states], "val_states": len(val),
+           "val_range": [cfg.val_start, cfg.val_start + (cfg.tune_states or cfg.val_states)], "val_states": len(val),
            "before": before, "points": points, "best": best}
     (out / "tune.json").write_text(json.dumps(rec, indent=1))
     print("tune: best " + ", ".join(f"{arm} {best[arm]}" for arm in ARMS) + f"; {out}/tune.json", flush=True)
@@ -520,7 +532,7 @@ def main(argv: list[str] | None = None) -> dict:
     t_all = time.perf_counter()
     load0 = os.getloadavg()
     val, held, _ = splits(cfg)
-    scored = val if cfg.stage == "tune" else held
+    scored = tune_scored(cfg) if cfg.stage == "tune" else held
     policy, windows, root, rec = start(cfg)
     print(f"start: {cfg.num_demos} demos x {len(cfg.task)} task(s) ({len(windows)} windows), SFT {rec['steps']} steps "
           f"(best of {len(rec['curve'])} checks), validation plateau {rec['plateau']:.3f}, cached at {root}",
@@ -533,7 +545,7 @@ def main(argv: list[str] | None = None) -> dict:
     where = "validation" if cfg.stage == "tune" else "held-out"
     print(f"before: {where} success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)
     if cfg.stage == "tune":
-        return tune(cfg, argv, val, before)
+        return tune(cfg, argv, scored, before)
     arms = run_arms(argv, ["--num_demos", str(cfg.num_demos)], out)
     key = str(reported_guidance(cfg, "rl"))
     final = {arm: arms[arm]["curve"][-1] for arm in ARMS}

@@ -81,6 +81,7 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
     """The split test: in the tune stage every arm (its grid point's settings applied) is scored on validation
     states, and no held-out state reaches any evaluation."""
     import numpy as np
+    import pytest
 
     import rl_improvement as bench
     from pi0.utils.cli import parse_config
@@ -88,17 +89,20 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
     seen = _record_evaluated_states(bench, tmp_path, monkeypatch)
     argv = TINY + ["--stage", "tune", "--out", str(tmp_path / "tune"), "--tune_rl", "lr=1e-4", "lr=3e-5",
                    "--tune_sft", "sft_arm_lr=1e-4", "sft_arm_lr=3e-4,sft_schedule=cosine",
-                   "--tune_rft", "rft_lr=1e-4", "rft_steps_per_iteration=2", "--point", "1"]
+                   "--tune_rft", "rft_lr=1e-4", "rft_steps_per_iteration=2", "--point", "1", "--tune_states", "6"]
     for arm in bench.ARMS:
         bench.run_arm(parse_config(bench.Config, argv + ["--arm", arm]))
-    val = {(4, i) for i in range(20, 24)}
-    assert seen and set(seen) <= val  # the start's plateau checks and every arm's score
+    # the start's plateau checks use validation states 20-23; --tune_states 6 scores every arm on 20-25, short of
+    # the held-out states 30-33
+    assert seen and set(seen) == {(4, i) for i in range(20, 26)}
+    with pytest.raises(SystemExit, match=r"max\(val_states, tune_states\) \(31\) <= eval_start \(30\)"):
+        bench.splits(parse_config(bench.Config, argv[:-1] + ["11"]))
     import json
     recs = {arm: json.loads((tmp_path / "tune" / "p1" / arm / "arm.json").read_text()) for arm in bench.ARMS}
     assert recs["rl"]["settings"]["lr"] == 3e-5 and recs["sft"]["settings"]["sft_schedule"] == "cosine"
     assert recs["rft"]["settings"]["rft_steps_per_iteration"] == 2 and recs["rft"]["settings"]["rft_lr"] == 1e-3
     for rec in recs.values():
-        assert rec["stage"] == "tune" and len(rec["curve"]) == 1 and rec["curve"][0]["states"] == 4
+        assert rec["stage"] == "tune" and len(rec["curve"]) == 1 and rec["curve"][0]["states"] == 6
         assert np.mean(rec["curve"][-1]["outcomes"]["None"]) == rec["curve"][-1]["None"]
 
 
