@@ -67,6 +67,7 @@ from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
+from rl_table import per_task  # noqa: E402  (bench/ is this script's folder)
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
@@ -576,6 +577,10 @@ def main(argv: list[str] | None = None) -> dict:
               "load_before": load0, "load_after": os.getloadavg(),
               "goal_met": bool(after >= 0.8 and diff["mean"] >= 0.15 and diff["mean"] >= 3 * diff["se"])}
     (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
+    if len(cfg.task) > 1:  # a task solved (or never solved) from the start hides in the mean
+        for t, r in per_task(result).items():
+            print(f"task {t}: held-out success before {r['before']:.3f}, " + ", ".join(
+                f"{arm} {r[arm]:.3f}" for arm in ARMS), flush=True)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

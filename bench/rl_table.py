@@ -8,6 +8,9 @@ same per-episode noise); the last lines give the mean over runs with the standar
 task (runs of different tasks are not averaged together). Where the report's checkpoint selection on validation
 states (``--stage select``) lies beside it (``selected.json`` in the report's folder, or ``<stem>_selected.json``
 beside ``<stem>.json``), the row also gives the selected policies' RL − best baseline, and the last lines its mean.
+Reports of several tasks get a second table: held-out success per task (before, RL, SFT, RFT), from the per-episode
+outcomes (the held-out states are listed task by task, ``eval_states`` each), so a task solved from the start, or one
+no arm moves, shows instead of hiding in the mean.
 
     .venv/bin/python bench/rl_table.py runs/bench_rl/seed*/rl_improvement.json --out bench/results/rl_table.md
 """
@@ -59,6 +62,37 @@ def across(diffs: list[float], what: str) -> str:
     return f"{n} independent runs: mean {what} {mean:+.3f} ± {spread:.3f} (SE across runs)"
 
 
+ARMS = ("rl", "sft", "rft")
+
+
+def per_task(rep: dict) -> dict[int, dict[str, float]]:
+    """Held-out success per task of one report: {task id: {"before", "rl", "sft", "rft"}}, each the mean of that
+    task's ``eval_states`` consecutive per-episode outcomes."""
+    c = rep["config"]
+    n, key = c["eval_states"], str(rep["config"]["cfg_guidance"]) if c.get("objective") == "cfg" else "None"
+    outcomes = {"before": rep["before_outcomes"],
+                **{a: rep["arms"][a]["curve"][-1]["outcomes"][key if a == "rl" else "None"] for a in ARMS}}
+    for what, o in outcomes.items():
+        if len(o) != n * len(c["task"]):
+            raise SystemExit(f"error: {what} has {len(o)} held-out outcomes, not {len(c['task'])} tasks x {n}")
+    return {t: {what: sum(o[j * n:(j + 1) * n]) / n for what, o in outcomes.items()}
+            for j, t in enumerate(c["task"])}
+
+
+def task_table(reports: dict[str, dict]) -> str:
+    """Markdown: held-out success per task of every report with several tasks ("" if none)."""
+    multi = sorted((rep for rep in reports.values() if len(rep["config"]["task"]) > 1), key=run_id)
+    if not multi:
+        return ""
+    rows = ["| env | tasks | seed | task | before | RL | SFT | RFT |", "|---|---|---|---|---|---|---|---|"]
+    for rep in multi:
+        c = rep["config"]
+        for t, r in per_task(rep).items():
+            rows.append(f"| {c['env']} | {','.join(map(str, c['task']))} | {c['seed']} | {t} | {r['before']:.3f} | "
+                        f"{r['rl']:.3f} | {r['sft']:.3f} | {r['rft']:.3f} |")
+    return "\n".join(rows)
+
+
 def table(reports: dict[str, dict], selected: dict[str, dict | None] | None = None) -> str:
     """Markdown: one row per run, then the mean paired difference over runs ± its SE across runs."""
     selected = selected or {}
@@ -108,6 +142,9 @@ def main(argv: list[str] | None = None) -> str:
         reports[path] = json.loads(Path(path).read_text())
     check_runs(reports, args.allow_untuned)
     text = table(reports, {path: selected_beside(path) for path in reports})
+    tasks = task_table(reports)
+    if tasks:
+        text += "\n\nHeld-out success per task:\n\n" + tasks
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

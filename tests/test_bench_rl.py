@@ -258,3 +258,31 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     text = table_main([str(paths[0]), str(paths[1]), str(tmp_path / "e.json")])
     assert "arena task 4: 2 independent runs: mean RL − best baseline +0.375 ± 0.125" in text
     assert "arena task 1: 1 independent run: RL − best baseline -0.250" in text
+
+
+def test_rl_table_splits_a_multi_task_report_by_task(tmp_path):
+    """Held-out success per task, from the per-episode outcomes listed task by task (hand-checked)."""
+    import json
+
+    import pytest
+    from rl_table import main as table_main, per_task
+
+    rep = _report(0, [1, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1])
+    rep["config"].update(env="metaworld", task=[1, 5], eval_states=3)
+    rep["before_outcomes"] = [0, 0, 1, 1, 1, 1]
+    rep["arms"] = {"rl": {"curve": [{"outcomes": {"None": [1, 0, 0, 0, 1, 1]}}]},
+                   "sft": {"curve": [{"outcomes": {"None": [0, 0, 0, 1, 1, 1]}}]},
+                   "rft": {"curve": [{"outcomes": {"None": [1, 1, 0, 1, 1, 0]}}]}}
+    got = per_task(rep)
+    assert list(got) == [1, 5]
+    assert got[1] == pytest.approx({"before": 1 / 3, "rl": 1 / 3, "sft": 0.0, "rft": 2 / 3})
+    assert got[5] == pytest.approx({"before": 1.0, "rl": 2 / 3, "sft": 1.0, "rft": 2 / 3})
+    (tmp_path / "mw.json").write_text(json.dumps(rep))
+    text = table_main([str(tmp_path / "mw.json")])
+    assert "| metaworld | 1,5 | 0 | 5 | 1.000 | 0.667 | 1.000 | 0.667 |" in text
+    rep["config"]["eval_states"] = 2  # outcomes that do not split into tasks x eval_states: refused
+    with pytest.raises(SystemExit, match="before has 6 held-out outcomes, not 2 tasks x 2"):
+        per_task(rep)
+    one = tmp_path / "one.json"  # a one-task report: no per-task table
+    one.write_text(json.dumps(_report(3, [1, 0], [0, 0])))
+    assert "per task" not in table_main([str(one)])
