@@ -67,7 +67,7 @@ from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
-from rl_table import per_task  # noqa: E402  (bench/ is this script's folder)
+from rl_table import per_task, report_per_task  # noqa: E402  (bench/ is this script's folder)
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
@@ -545,6 +545,9 @@ def main(argv: list[str] | None = None) -> dict:
     before, n = float(before_out.mean()), len(scored)
     where = "validation" if cfg.stage == "tune" else "held-out"
     print(f"before: {where} success {before:.3f} +- {se(before, n):.3f} ({n} init states)", flush=True)
+    if len(cfg.task) > 1:  # a task the start already solves (or never solves) gives RL groups it discards
+        rates = per_task(cfg.task, n // len(cfg.task), {"before": before_out.tolist()})
+        print("before, per task: " + ", ".join(f"task {t} {r['before']:.3f}" for t, r in rates.items()), flush=True)
     if cfg.stage == "tune":
         return tune(cfg, argv, scored, before)
     arms = run_arms(argv, ["--num_demos", str(cfg.num_demos)], out)
@@ -578,7 +581,7 @@ def main(argv: list[str] | None = None) -> dict:
               "goal_met": bool(after >= 0.8 and diff["mean"] >= 0.15 and diff["mean"] >= 3 * diff["se"])}
     (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
     if len(cfg.task) > 1:  # a task solved (or never solved) from the start hides in the mean
-        for t, r in per_task(result).items():
+        for t, r in report_per_task(result).items():
             print(f"task {t}: held-out success before {r['before']:.3f}, " + ", ".join(
                 f"{arm} {r[arm]:.3f}" for arm in ARMS), flush=True)
     import matplotlib

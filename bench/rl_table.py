@@ -65,18 +65,22 @@ def across(diffs: list[float], what: str) -> str:
 ARMS = ("rl", "sft", "rft")
 
 
-def per_task(rep: dict) -> dict[int, dict[str, float]]:
-    """Held-out success per task of one report: {task id: {"before", "rl", "sft", "rft"}}, each the mean of that
-    task's ``eval_states`` consecutive per-episode outcomes."""
+def per_task(tasks: list[int], n: int, outcomes: dict[str, list]) -> dict[int, dict[str, float]]:
+    """Success per task: {task id: {name: rate}} from per-episode ``outcomes`` listed task by task, ``n`` each."""
+    for what, o in outcomes.items():
+        if len(o) != n * len(tasks):
+            raise SystemExit(f"error: {what} has {len(o)} held-out outcomes, not {len(tasks)} tasks x {n}")
+    return {t: {what: float(sum(o[j * n:(j + 1) * n])) / n for what, o in outcomes.items()}
+            for j, t in enumerate(tasks)}
+
+
+def report_per_task(rep: dict) -> dict[int, dict[str, float]]:
+    """Held-out success per task of one report: {task id: {"before", "rl", "sft", "rft"}} (the final snapshots)."""
     c = rep["config"]
-    n, key = c["eval_states"], str(rep["config"]["cfg_guidance"]) if c.get("objective") == "cfg" else "None"
+    key = str(c["cfg_guidance"]) if c.get("objective") == "cfg" else "None"
     outcomes = {"before": rep["before_outcomes"],
                 **{a: rep["arms"][a]["curve"][-1]["outcomes"][key if a == "rl" else "None"] for a in ARMS}}
-    for what, o in outcomes.items():
-        if len(o) != n * len(c["task"]):
-            raise SystemExit(f"error: {what} has {len(o)} held-out outcomes, not {len(c['task'])} tasks x {n}")
-    return {t: {what: sum(o[j * n:(j + 1) * n]) / n for what, o in outcomes.items()}
-            for j, t in enumerate(c["task"])}
+    return per_task(c["task"], c["eval_states"], outcomes)
 
 
 def task_table(reports: dict[str, dict]) -> str:
@@ -87,7 +91,7 @@ def task_table(reports: dict[str, dict]) -> str:
     rows = ["| env | tasks | seed | task | before | RL | SFT | RFT |", "|---|---|---|---|---|---|---|---|"]
     for rep in multi:
         c = rep["config"]
-        for t, r in per_task(rep).items():
+        for t, r in report_per_task(rep).items():
             rows.append(f"| {c['env']} | {','.join(map(str, c['task']))} | {c['seed']} | {t} | {r['before']:.3f} | "
                         f"{r['rl']:.3f} | {r['sft']:.3f} | {r['rft']:.3f} |")
     return "\n".join(rows)
