@@ -58,7 +58,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
-from pi0.evaluation.paired import paired_difference, rate_se as se  # noqa: E402
+from pi0.evaluation.paired import paired_difference, per_task, rate_se as se  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
@@ -67,7 +67,7 @@ from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
-from rl_table import per_task, report_per_task  # noqa: E402  (bench/ is this script's folder)
+from rl_table import report_per_task  # noqa: E402  (bench/ is this script's folder)
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)

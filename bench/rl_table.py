@@ -20,7 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
+from pi0.evaluation.paired import per_task  # noqa: E402
 
 
 def run_id(rep: dict) -> tuple:
@@ -65,22 +69,16 @@ def across(diffs: list[float], what: str) -> str:
 ARMS = ("rl", "sft", "rft")
 
 
-def per_task(tasks: list[int], n: int, outcomes: dict[str, list]) -> dict[int, dict[str, float]]:
-    """Success per task: {task id: {name: rate}} from per-episode ``outcomes`` listed task by task, ``n`` each."""
-    for what, o in outcomes.items():
-        if len(o) != n * len(tasks):
-            raise SystemExit(f"error: {what} has {len(o)} held-out outcomes, not {len(tasks)} tasks x {n}")
-    return {t: {what: float(sum(o[j * n:(j + 1) * n])) / n for what, o in outcomes.items()}
-            for j, t in enumerate(tasks)}
-
-
 def report_per_task(rep: dict) -> dict[int, dict[str, float]]:
     """Held-out success per task of one report: {task id: {"before", "rl", "sft", "rft"}} (the final snapshots)."""
     c = rep["config"]
     key = str(c["cfg_guidance"]) if c.get("objective") == "cfg" else "None"
     outcomes = {"before": rep["before_outcomes"],
                 **{a: rep["arms"][a]["curve"][-1]["outcomes"][key if a == "rl" else "None"] for a in ARMS}}
-    return per_task(c["task"], c["eval_states"], outcomes)
+    try:
+        return per_task(c["task"], c["eval_states"], outcomes)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def task_table(reports: dict[str, dict]) -> str:

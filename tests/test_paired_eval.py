@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pi0.evaluation.paired import paired_difference, rate_se
+from pi0.evaluation.paired import paired_difference, per_task, rate_se
 from pi0.policies.libero import Pi0ChunkPolicy, episode_noise
 
 
@@ -29,6 +29,13 @@ def test_paired_difference_by_hand():
         paired_difference([1, 0], [1, 0, 1])
     with pytest.raises(ValueError, match="at least 2"):
         paired_difference([1], [0])
+
+
+def test_per_task_splits_outcomes_listed_task_by_task():
+    got = per_task([3, 4], 2, {"rl": [1, 1, 0, 1], "sft": [0, 0, 0, 0]})
+    assert got == {3: {"rl": 1.0, "sft": 0.0}, 4: {"rl": 0.5, "sft": 0.0}}
+    with pytest.raises(ValueError, match="rl has 3 outcomes, not 2 tasks x 2"):
+        per_task([3, 4], 2, {"rl": [1, 1, 0]})
 
 
 def test_episode_noise_is_a_function_of_the_key():

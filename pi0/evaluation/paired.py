@@ -2,7 +2,7 @@
 
 The bench reports RL − baseline as the mean of per-episode differences ``d_i = a_i − b_i``; its standard error is
 ``std(d, ddof=1) / sqrt(n)``, far smaller than the unpaired ``sqrt(se_a² + se_b²)`` when the two policies succeed and
-fail on mostly the same states.
+fail on mostly the same states. A multi-task evaluation lists its episodes task by task; :func:`per_task` splits it.
 """
 
 from __future__ import annotations
@@ -29,3 +29,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, fl
     if n < 2:
         raise ValueError(f"a paired standard error needs at least 2 episodes, got {n}")
     return float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
+
+
+def per_task(tasks: Sequence[int], n: int, outcomes: dict[str, Sequence[float]]) -> dict[int, dict[str, float]]:
+    """Success per task: per-episode ``outcomes`` ``{name: (len(tasks) * n,)}`` listed task by task, ``n`` episodes
+    each -> ``{task id: {name: rate}}``. A task solved (or failed) throughout hides in the mean; this shows it."""
+    for name, o in outcomes.items():
+        if len(o) != n * len(tasks):
+            raise ValueError(f"{name} has {len(o)} outcomes, not {len(tasks)} tasks x {n}")
+    return {t: {name: float(np.mean(np.asarray(o[j * n:(j + 1) * n], np.float64))) for name, o in outcomes.items()}
+            for j, t in enumerate(tasks)}
