@@ -67,7 +67,6 @@ from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
-from rl_table import report_per_task  # noqa: E402  (bench/ is this script's folder)
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
@@ -465,7 +464,7 @@ def tune(cfg: Config, argv: list[str], val: list, before: float) -> dict:
             print(f"tune: point {j} {arm} ({g[arm][j]}): validation success {rate:.3f}", flush=True)
     best = {arm: max(points[arm], key=lambda p: p["val_success"])["entry"] for arm in ARMS}  # ties: the first
     rec = {"env": cfg.env, "task": cfg.task, "seed": cfg.seed, "minutes": cfg.minutes,
-           "val_range": [cfg.val_start, cfg.val_start + (cfg.tune_states or cfg.val_states)], "val_states": len(val),
+           "val_range": [val[0][1], val[-1][1] + 1], "val_states": len(val),
            "before": before, "points": points, "best": best}
     (out / "tune.json").write_text(json.dumps(rec, indent=1))
     print("tune: best " + ", ".join(f"{arm} {best[arm]}" for arm in ARMS) + f"; {out}/tune.json", flush=True)
@@ -581,7 +580,7 @@ def main(argv: list[str] | None = None) -> dict:
               "goal_met": bool(after >= 0.8 and diff["mean"] >= 0.15 and diff["mean"] >= 3 * diff["se"])}
     (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
     if len(cfg.task) > 1:  # a task solved (or never solved) from the start hides in the mean
-        for t, r in report_per_task(result).items():
+        for t, r in per_task(cfg.task, cfg.eval_states, {"before": before_out.tolist(), **outcomes}).items():
             print(f"task {t}: held-out success before {r['before']:.3f}, " + ", ".join(
                 f"{arm} {r[arm]:.3f}" for arm in ARMS), flush=True)
     import matplotlib

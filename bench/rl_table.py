@@ -66,15 +66,12 @@ def across(diffs: list[float], what: str) -> str:
     return f"{n} independent runs: mean {what} {mean:+.3f} ± {spread:.3f} (SE across runs)"
 
 
-ARMS = ("rl", "sft", "rft")
-
-
 def report_per_task(rep: dict) -> dict[int, dict[str, float]]:
     """Held-out success per task of one report: {task id: {"before", "rl", "sft", "rft"}} (the final snapshots)."""
     c = rep["config"]
     key = str(c["cfg_guidance"]) if c.get("objective") == "cfg" else "None"
     outcomes = {"before": rep["before_outcomes"],
-                **{a: rep["arms"][a]["curve"][-1]["outcomes"][key if a == "rl" else "None"] for a in ARMS}}
+                **{a: arm["curve"][-1]["outcomes"][key if a == "rl" else "None"] for a, arm in rep["arms"].items()}}
     try:
         return per_task(c["task"], c["eval_states"], outcomes)
     except ValueError as e:
