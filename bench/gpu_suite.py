@@ -260,10 +260,11 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "rl_iteration": step_rl_iteration,
     "rl_throughput": step_rl_throughput,  # issue 38's GPU row
 }
-# seconds each step may take (the sampling steps compile the full model: about a minute each); the whole list sums to
-# 1,090 s, over the lent machine's 10-minute command limit: a lease runs the steps it needs with --steps (the order
+# seconds each step may take (the sampling steps compile the full model: about a minute each, and batch 64's first
+# compile ran past 95 s on an H200 on 2026-11-28, where Flow-SDE at batch 32 took 113 s); the whole list sums to
+# 1,200 s, over the lent machine's 10-minute command limit: a lease runs the steps it needs with --steps (the order
 # above is the priority), --budget overrides
-BUDGETS = {"cuda_tests": 150, "sampling_b1": 130, "sampling_b64": 80, "sampling_sde_b32": 80, "sampling_pi05_b1": 90,
+BUDGETS = {"cuda_tests": 150, "sampling_b1": 130, "sampling_b64": 150, "sampling_sde_b32": 120, "sampling_pi05_b1": 90,
            "sampling_b1_3cam": 80, "train_memory": 100, "eval_1env": 60, "eval_Nenv": 40, "rl_iteration": 40,
            "rl_throughput": 240}
 
