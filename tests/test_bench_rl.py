@@ -286,3 +286,38 @@ def test_rl_table_splits_a_multi_task_report_by_task(tmp_path):
     one = tmp_path / "one.json"  # a one-task report: no per-task table
     one.write_text(json.dumps(_report(3, [1, 0], [0, 0])))
     assert "per task" not in table_main([str(one)])
+
+
+def test_sde_gap_scores_each_policy_deterministically_paired_and_under_flow_sde(tmp_path):
+    """bench/sde_gap.py: the deterministic rows are the bench's own evaluation (same keyed noise, so paired across
+    policies), each Flow-SDE row has one outcome per state and repeat, and bad input stops in one line."""
+    import pytest
+
+    import sde_gap
+    from pi0.modeling_pi0 import PI0Policy
+    from pi0.ript.warm_start import (TinyArenaConfig, arena_expert_demos, demo_norm_stats, env_runner,
+                                     evaluate_episodes, tiny_arena_policy)
+
+    cfg = TinyArenaConfig()
+    stats = demo_norm_stats(arena_expert_demos([(4, 0), (4, 1)], cfg.action_horizon, cfg.n_action_steps))
+    dirs = []
+    for seed in (0, 1):
+        d = tmp_path / f"p{seed}"
+        tiny_arena_policy(TinyArenaConfig(seed=seed), stats).save_pretrained(d)
+        dirs.append(d)
+    argv = ["--env", "arena", "--task", "4", "--states", "0", "3", "--repeats", "2", "--num_envs", "4",
+            "--policy", f"a={dirs[0]}", f"b={dirs[1]}", "--sde", "1.0:0", "0.5:4", "--json_out",
+            str(tmp_path / "gap.json")]
+    rec = sde_gap.main(argv)
+    assert list(rec["outcomes"]) == ["det", "sde 1.0:0", "sde 0.5:4"]
+    assert all(len(o) == 6 for per in rec["outcomes"].values() for o in per.values())
+    with env_runner("arena", 4, cfg.n_action_steps, num_init_states=3) as runner:
+        want = evaluate_episodes(runner, PI0Policy.from_pretrained(dirs[1]), [(4, 0), (4, 1), (4, 2)], 2, seed=100)
+    assert rec["outcomes"]["det"]["b"] == want.astype(int).tolist()
+    diff = rec["rates"]["det"]["b"]["success"] - rec["rates"]["det"]["a"]["success"]
+    assert rec["det_paired"]["b-a"]["mean"] == pytest.approx(diff)
+    base = ["--env", "arena", "--task", "4", "--states", "0", "3"]
+    with pytest.raises(SystemExit, match="NOISE_LEVEL:STEP"):
+        sde_gap.main(base + ["--policy", f"a={dirs[0]}", "--sde", "1.0"])
+    with pytest.raises(SystemExit, match="no model.safetensors"):
+        sde_gap.main(base + ["--policy", f"a={tmp_path}"])
