@@ -87,6 +87,7 @@ def test_imports_flow_one_way():
         rl_entry = re.match(r"(7|8|9|10|11)_\w+\.py$", rel) or rel in ("quick_single_gpu_test.py",
                                                                          "bench/rl_improvement.py",
                                                                          "bench/rl_throughput.py",
+                                                                         "bench/sde_gap.py",
                                                                          "bench/train_memory.py",
                                                                          "bench/parallel_start.py")
         if not rel.startswith("pi0/ript/") and not rl_entry:  # the RL stages / tools are pi0.ript's entry points
