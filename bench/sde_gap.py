@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json_out", type=Path, default=None)
     a = p.parse_args(argv)
-    samplers = ["det"] + [f"sde {lv}:{st}" for lv, st in map(parse_sde, a.sde)]
+    # label -> (noise level, step) of each Flow-SDE sampler; None: deterministic
+    samplers: dict[str, tuple[float, int] | None] = {"det": None, **{f"sde {lv}:{st}": (lv, st)
+                                                                     for lv, st in map(parse_sde, a.sde)}}
     paths = parse_policies(a.policy)
     lo, hi = a.states
     if not 0 <= lo < hi:
@@ -85,15 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
     outcomes: dict[str, dict[str, list[int]]] = {s: {} for s in samplers}
     with env_runner(a.env, a.num_envs, first.config.n_action_steps, num_init_states=hi,
                     envs_per_worker=-(-a.num_envs // a.workers)) as runner:
-        for s in samplers:
+        for s, sde in samplers.items():
             for name, pol in pols.items():
                 t0 = time.perf_counter()
-                if s == "det":
+                if sde is None:
                     o = evaluate_episodes(runner, pol, states, a.repeats, seed=a.seed + 100)
                 else:
-                    level, step = parse_sde(s.split()[1])
                     eps = runner.run(states, group_size=a.repeats, policy=sde_collector(
-                        pol, level, step, torch.Generator().manual_seed(a.seed + 7)))
+                        pol, *sde, torch.Generator().manual_seed(a.seed + 7)))
                     o = np.array([float(e.success) for e in eps])
                 outcomes[s][name] = o.astype(int).tolist()
                 print(f"{s:>12} {name:>8}: {o.mean():.3f} +- {rate_se(o.mean(), len(o)):.3f} "
