@@ -59,6 +59,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
 from pi0.evaluation.paired import paired_difference, per_task, rate_se as se  # noqa: E402
+from pi0.models.flow_sde import check_sde  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
@@ -70,7 +71,8 @@ from pi0.utils.cli import parse_config  # noqa: E402
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
-ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "clip", "rl_schedule"),
+ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
+                       "rl_schedule"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 SCHEDULES = ("constant", "cosine")
@@ -134,6 +136,7 @@ class Config:
     trainable: str = "all"
     noise_level: float = 1.0  # ppo (and the RFT arm's collection, which collects as RL does)
     sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch; RLConfig.sde_step)
+    sde_kind: str = "flow_sde"  # ppo (and RFT's collection): the step's transition, flow_sde | cps (RLConfig.sde_kind)
     clip: float = 0.2  # ppo
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
@@ -180,6 +183,7 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     if not -1 <= cfg.sde_step < TinyArenaConfig.num_steps:
         raise SystemExit(f"error: --sde_step must be -1 (drawn) or a denoising step 0..{TinyArenaConfig.num_steps - 1} "
                          f"of the bench's {TinyArenaConfig.num_steps}-step policy, got {cfg.sde_step}")
+    check_sde_settings(cfg, {}, "--noise_level / --sde_step / --sde_kind")
     if cfg.stage == "tune" and cfg.tuned:
         raise SystemExit("error: --tuned applies to --stage report; the tune stage writes tune.json")
     grid(cfg)
@@ -218,6 +222,17 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
     return out
 
 
+def check_sde_settings(cfg: Config, entry: dict[str, Any], where: str) -> None:
+    """One-line error where the RL arm's stochastic step (``cfg``'s, overridden by a grid ``entry``) cannot be
+    made: an unknown kind, a cps eta outside (0, 1], cps at the last denoising step."""
+    s = {k: entry.get(k, getattr(cfg, k)) for k in ("noise_level", "sde_step", "sde_kind")}
+    try:
+        check_sde(s["sde_kind"], s["noise_level"], None if s["sde_step"] < 0 else s["sde_step"],
+                  TinyArenaConfig.num_steps)
+    except ValueError as e:
+        raise SystemExit(f"error: {where}: {e}") from None
+
+
 def grid(cfg: Config) -> dict[str, list[str]]:
     """Each arm's tuning entries; the same number for every arm (the same tuning effort), each one valid."""
     g = {"rl": cfg.tune_rl, "sft": cfg.tune_sft, "rft": cfg.tune_rft}
@@ -227,7 +242,9 @@ def grid(cfg: Config) -> dict[str, list[str]]:
                          f"per arm), got {sizes}")
     for arm, entries in g.items():
         for e in entries:
-            parse_entry(e, arm)
+            parsed = parse_entry(e, arm)
+            if arm == "rl":
+                check_sde_settings(cfg, parsed, f"--tune_rl entry {e!r}")
     return g
 
 
@@ -349,7 +366,7 @@ class Snapshots:
 def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
-                    sde_step=cfg.sde_step, value_baseline=cfg.value_baseline,
+                    sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
                     num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
@@ -404,7 +421,7 @@ def run_arm(cfg: Config) -> None:
             lr=cfg.rft_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 2)
         rft(policy, windows, runner, sampler, upd.config, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
             cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,
-            fast_sampling=cfg.fast_sampling, update=upd)
+            fast_sampling=cfg.fast_sampling, update=upd, sde_kind=cfg.sde_kind)
     else:
         upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
             lr=cfg.sft_arm_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 3)

@@ -9,7 +9,8 @@ policy the bench reports (issue 39's measured reason on MetaWorld, bench/README.
         --sde 1.0:0 --json_out runs/sde_gap.json
 
 ``--policy NAME=DIR`` (checkpoints: ``model.safetensors`` + ``config.json`` + ``norm_stats.json``), ``--sde
-NOISE_LEVEL:STEP`` per Flow-SDE sampler (``STEP`` -1: drawn per call). Deterministic episodes draw their noise keyed
+NOISE_LEVEL:STEP[:KIND]`` per stochastic sampler (``STEP`` -1: drawn per call; ``KIND`` flow_sde, the default, or cps:
+``pi0.models.flow_sde``). Deterministic episodes draw their noise keyed
 to (``--seed`` + 100, task, state, repeat, decision) as the bench's evaluation does, so they are paired across
 policies; Flow-SDE episodes draw from one generator per sampler and policy, seeded alike, so their rates are compared
 with each rate's own standard error. The env runner is the RL bench's (2 x 4 x 8 envs; MetaWorld: 2 worker processes).
@@ -29,21 +30,41 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
 from pi0.evaluation.paired import paired_difference, per_task, rate_se  # noqa: E402
+from pi0.models.flow_sde import check_sde  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.collection import sde_collector  # noqa: E402
 from pi0.ript.warm_start import ENVS, env_runner, evaluate_episodes  # noqa: E402
 
 
-def parse_sde(item: str) -> tuple[float, int]:
-    """``"NOISE_LEVEL:STEP"`` -> (noise level > 0, step >= -1); one-line error otherwise."""
-    level, sep, step = item.partition(":")
+def parse_sde(item: str) -> tuple[float, int, str]:
+    """``"NOISE_LEVEL:STEP[:KIND]"`` -> (noise level, step >= -1, kind: flow_sde or cps); one-line error otherwise
+    (the step is checked against each policy's denoising steps by :func:`check_samplers`)."""
+    level, sep, rest = item.partition(":")
+    step, _, kind = rest.partition(":")
     try:
-        out = (float(level), int(step))
-    except ValueError:
-        out = None
-    if not sep or out is None or out[0] <= 0 or out[1] < -1:
-        raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP (a level > 0, a denoising step or -1), got {item!r}")
+        out = (float(level), int(step), kind or "flow_sde")
+        check_sde(out[2], out[0], None, 1)
+    except ValueError as e:
+        raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP[:KIND] (a level > 0, a denoising step or -1, kind "
+                         f"flow_sde or cps), got {item!r}: {e}") from None
+    if not sep or out[1] < -1:
+        raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP[:KIND] (a level > 0, a denoising step or -1, kind "
+                         f"flow_sde or cps), got {item!r}")
     return out
+
+
+def check_samplers(samplers: dict[str, tuple[float, int, str] | None], num_steps: int) -> None:
+    """One-line error for a sampler whose step a policy of ``num_steps`` denoising steps cannot make stochastic."""
+    for label, sde in samplers.items():
+        if sde is None:
+            continue
+        level, step, kind = sde
+        try:
+            if step >= num_steps:
+                raise ValueError(f"the policies have {num_steps} denoising steps")
+            check_sde(kind, level, None if step < 0 else step, num_steps)
+        except ValueError as e:
+            raise SystemExit(f"error: --sde {label}: {e}") from None
 
 
 def parse_policies(items: list[str]) -> dict[str, Path]:
@@ -66,16 +87,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--task", type=int, nargs="+", required=True)
     p.add_argument("--states", type=int, nargs=2, required=True, metavar=("LO", "HI"), help="init states LO..HI-1")
     p.add_argument("--policy", nargs="+", required=True, metavar="NAME=DIR")
-    p.add_argument("--sde", nargs="+", default=["1.0:0"], metavar="NOISE_LEVEL:STEP")
+    p.add_argument("--sde", nargs="+", default=["1.0:0"], metavar="NOISE_LEVEL:STEP[:KIND]")
     p.add_argument("--repeats", type=int, default=1, help="episodes per state and sampler")
     p.add_argument("--seed", type=int, default=0, help="the bench seed (deterministic noise: seed + 100)")
     p.add_argument("--num_envs", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json_out", type=Path, default=None)
     a = p.parse_args(argv)
-    # label -> (noise level, step) of each Flow-SDE sampler; None: deterministic
-    samplers: dict[str, tuple[float, int] | None] = {"det": None, **{f"sde {lv}:{st}": (lv, st)
-                                                                     for lv, st in map(parse_sde, a.sde)}}
+    # label -> (noise level, step, kind) of each stochastic sampler; None: deterministic
+    samplers: dict[str, tuple[float, int, str] | None] = {"det": None}
+    for lv, st, k in map(parse_sde, a.sde):
+        samplers[f"{'sde' if k == 'flow_sde' else k} {lv}:{st}"] = (lv, st, k)
     paths = parse_policies(a.policy)
     lo, hi = a.states
     if not 0 <= lo < hi:
@@ -84,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     states = [(t, i) for t in a.task for i in range(lo, hi)]
     pols = {name: PI0Policy.from_pretrained(path) for name, path in paths.items()}
     first = next(iter(pols.values()))
+    check_samplers(samplers, first.config.num_steps)
     outcomes: dict[str, dict[str, list[int]]] = {s: {} for s in samplers}
     with env_runner(a.env, a.num_envs, first.config.n_action_steps, num_init_states=hi,
                     envs_per_worker=-(-a.num_envs // a.workers)) as runner:
@@ -93,8 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
                 if sde is None:
                     o = evaluate_episodes(runner, pol, states, a.repeats, seed=a.seed + 100)
                 else:
+                    level, step, kind = sde
                     eps = runner.run(states, group_size=a.repeats, policy=sde_collector(
-                        pol, *sde, torch.Generator().manual_seed(a.seed + 7)))
+                        pol, level, step, torch.Generator().manual_seed(a.seed + 7), kind))
                     o = np.array([float(e.success) for e in eps])
                 outcomes[s][name] = o.astype(int).tolist()
                 print(f"{s:>12} {name:>8}: {o.mean():.3f} +- {rate_se(o.mean(), len(o)):.3f} "

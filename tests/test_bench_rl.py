@@ -194,6 +194,12 @@ def test_tuned_settings_are_checked_before_any_work(tmp_path):
     assert bench.parse_entry("sde_step=4", "rl") == {"sde_step": 4}
     with pytest.raises(SystemExit, match="--sde_step must be"):
         bench.splits(cfg("--sde_step", "5"))
+    with pytest.raises(SystemExit, match="sde kind must be one of"):
+        bench.splits(cfg("--sde_kind", "ddim"))
+    with pytest.raises(SystemExit, match="--tune_rl entry 'sde_kind=cps,sde_step=4': cps cannot make the last"):
+        bench.splits(cfg("--tune_rl", "sde_kind=cps,sde_step=4", "--tune_sft", "sft_arm_lr=1e-4",
+                         "--tune_rft", "rft_lr=1e-4"))
+    assert bench.rl_config(cfg("--sde_kind", "cps", "--noise_level", "0.5")).sde_kind == "cps"
     tuned = tmp_path / "tune.json"
     rec = {"env": "arena", "task": [4], "val_range": [28, 32],
            "best": {"rl": "lr=3e-5", "sft": "sft_arm_lr=3e-4,sft_schedule=cosine", "rft": "rft_lr=1e-4"}}
@@ -306,10 +312,10 @@ def test_sde_gap_scores_each_policy_deterministically_paired_and_under_flow_sde(
         tiny_arena_policy(TinyArenaConfig(seed=seed), stats).save_pretrained(d)
         dirs.append(d)
     argv = ["--env", "arena", "--task", "4", "--states", "0", "3", "--repeats", "2", "--num_envs", "4",
-            "--policy", f"a={dirs[0]}", f"b={dirs[1]}", "--sde", "1.0:0", "0.5:4", "--json_out",
+            "--policy", f"a={dirs[0]}", f"b={dirs[1]}", "--sde", "1.0:0", "0.5:4", "0.5:0:cps", "--json_out",
             str(tmp_path / "gap.json")]
     rec = sde_gap.main(argv)
-    assert list(rec["outcomes"]) == ["det", "sde 1.0:0", "sde 0.5:4"]
+    assert list(rec["outcomes"]) == ["det", "sde 1.0:0", "sde 0.5:4", "cps 0.5:0"]
     assert all(len(o) == 6 for per in rec["outcomes"].values() for o in per.values())
     with env_runner("arena", 4, cfg.n_action_steps, num_init_states=3) as runner:
         want = evaluate_episodes(runner, PI0Policy.from_pretrained(dirs[1]), [(4, 0), (4, 1), (4, 2)], 2, seed=100)
@@ -319,5 +325,9 @@ def test_sde_gap_scores_each_policy_deterministically_paired_and_under_flow_sde(
     base = ["--env", "arena", "--task", "4", "--states", "0", "3"]
     with pytest.raises(SystemExit, match="NOISE_LEVEL:STEP"):
         sde_gap.main(base + ["--policy", f"a={dirs[0]}", "--sde", "1.0"])
+    with pytest.raises(SystemExit, match="noise level must be in"):
+        sde_gap.main(base + ["--policy", f"a={dirs[0]}", "--sde", "1.5:0:cps"])
+    with pytest.raises(SystemExit, match="cps 1.0:4: cps cannot make the last denoising step"):
+        sde_gap.main(base + ["--policy", f"a={dirs[0]}", "--sde", "1.0:4:cps"])
     with pytest.raises(SystemExit, match="no model.safetensors"):
         sde_gap.main(base + ["--policy", f"a={tmp_path}"])

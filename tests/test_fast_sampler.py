@@ -259,11 +259,12 @@ def pi05_model():
     return _random_model(pi05=True, value_head=True)
 
 
-@pytest.mark.parametrize("pi05", [False, True])
-@pytest.mark.parametrize("sde_step", [2, None])
-def test_flow_sde_fast_matches_eager(model, pi05_model, pi05, sde_step):
-    """Flow-SDE through FastSampler: the same chunk, chain, step, log-density (and value) as eager for one seed,
-    and the recorded log-density equal to step_log_prob's recomputation (PPO's ratio 1)."""
+@pytest.mark.parametrize("pi05,sde_step,kind", [(False, 2, "flow_sde"), (False, None, "flow_sde"),
+                                                (True, 2, "flow_sde"), (True, None, "flow_sde"),
+                                                (False, 0, "cps"), (True, None, "cps")])
+def test_flow_sde_fast_matches_eager(model, pi05_model, pi05, sde_step, kind):
+    """Flow-SDE (and CPS) through FastSampler: the same chunk, chain, step, log-density (and value) as eager for one
+    seed, and the recorded log-density equal to step_log_prob's recomputation (PPO's ratio 1)."""
     m = copy.deepcopy(pi05_model if pi05 else model)
     if not pi05:
         m.enable_value_head()
@@ -271,13 +272,14 @@ def test_flow_sde_fast_matches_eager(model, pi05_model, pi05, sde_step):
             m.value_head.out.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
     inp = _inputs(m.cfg)
     run = lambda: m.sample_actions_sde(*inp, num_steps=5, noise_level=0.7, sde_step=sde_step,  # noqa: E731
-                                       generator=torch.Generator().manual_seed(11))
+                                       generator=torch.Generator().manual_seed(11), sde_kind=kind)
     ref = run()
     fast = m.enable_fast_sampling()
     out = run()
     assert fast._buffers, "sample_actions_sde did not go through the FastSampler"
     assert out.keys() == ref.keys() == {"actions", "chain", "sde_step", "log_prob", "value"}
-    assert out["sde_step"] == ref["sde_step"] == (2 if sde_step is not None else ref["sde_step"])
+    assert out["sde_step"] == ref["sde_step"] == (sde_step if sde_step is not None else ref["sde_step"])
+    assert out["sde_step"] < (4 if kind == "cps" else 5)  # cps never draws the last step (its std would be 0)
     assert out["chain"].shape == (2, 6, m.cfg.action_horizon, m.cfg.action_dim)
     for key in ("actions", "chain", "log_prob", "value"):
         torch.testing.assert_close(out[key], ref[key], atol=ATOL, rtol=0, msg=key)
@@ -286,8 +288,11 @@ def test_flow_sde_fast_matches_eager(model, pi05_model, pi05, sde_step):
     k = out["sde_step"]
     det = m.sample_actions_sde(*inp, num_steps=5, noise_level=0.0, sde_step=k)
     assert (det["chain"][:, k + 1] - out["chain"][:, k + 1]).abs().max() > 1e-2
-    again = m.step_log_prob(*inp[:5], chain=out["chain"], sde_step=k, num_steps=5, noise_level=0.7)
+    again = m.step_log_prob(*inp[:5], chain=out["chain"], sde_step=k, num_steps=5, noise_level=0.7, sde_kind=kind)
     torch.testing.assert_close(again, out["log_prob"], atol=ATOL, rtol=0)
+    other = m.step_log_prob(*inp[:5], chain=out["chain"], sde_step=k, num_steps=5, noise_level=0.7,
+                            sde_kind="cps" if kind == "flow_sde" else "flow_sde")
+    assert (other - out["log_prob"]).abs().max() > 1e-2  # the kind reaches the recomputation
 
 
 def test_flow_sde_fast_without_value_head_and_weight_updates(model):
@@ -309,6 +314,8 @@ def test_flow_sde_fast_without_value_head_and_weight_updates(model):
     torch.testing.assert_close(out["log_prob"], ref2["log_prob"], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="sde_step must be"):
         fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, sde_step=4)
+    with pytest.raises(ValueError, match="sde_step must be in .0, 3. for cps"):  # the last step: std 0
+        fast.sample_actions_sde(*inp[:5], noise=inp[5], num_steps=4, noise_level=0.5, sde_step=3, sde_kind="cps")
 
 
 # ---------------------------------------------------------------- fused layers (issue 40 item 2)

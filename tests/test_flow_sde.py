@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from pi0.models.flow_sde import gaussian_log_prob, masked_sum, sde_step_moments, sde_times
+from pi0.models.flow_sde import (check_sde, gaussian_log_prob, masked_sum, pick_sde_step, sde_step_moments,
+                                 sde_times)
 from pi0.policies.presets import synthetic_observation, tiny_policy
 from pi0.ript.objectives import clipped_surrogate
 
@@ -36,6 +37,54 @@ def test_sde_step_moments_by_hand():
     # a = 0: the deterministic Euler step
     mean, std = sde_step_moments(x, v, 0.3, 0.1, 0.0)
     assert torch.allclose(mean, x - 0.1 * v) and float(std) == 0.0
+
+
+def test_cps_step_moments_by_hand():
+    x, v = torch.tensor([1.0]), torch.tensor([2.0])
+    # t = 1, dt = 0.25 (next time s = 0.75), eta = 1: cos = 0, sin = 1. x0_hat = 1 - 2 = -1, x1_hat = 1 + 0 * 2 = 1;
+    # mean = (1 - s) x0_hat + s cos x1_hat = -0.25; std = s sin = 0.75 (the step redraws all of x_s's noise)
+    mean, std = sde_step_moments(x, v, 1.0, 0.25, 1.0, kind="cps")
+    assert torch.allclose(mean, torch.tensor([-0.25])) and math.isclose(float(std), 0.75, rel_tol=1e-6)
+    # eta = 0.5: cos = sin = 1/sqrt(2); mean = -0.25 + 0.75 / sqrt(2) = 0.28033, std = 0.75 / sqrt(2)
+    mean, std = sde_step_moments(x, v, 1.0, 0.25, 0.5, kind="cps")
+    assert torch.allclose(mean, torch.tensor([-0.25 + 0.75 / math.sqrt(2)]))
+    assert math.isclose(float(std), 0.75 / math.sqrt(2), rel_tol=1e-6)
+    # t = 0.5, dt = 0.25 (s = 0.25), eta = 1: x0_hat = 1 - 0.5 * 2 = 0, so the mean is 0.75 * 0 = 0, std 0.25
+    mean, std = sde_step_moments(x, v, 0.5, 0.25, 1.0, kind="cps")
+    assert torch.allclose(mean, torch.tensor([0.0]), atol=1e-7) and math.isclose(float(std), 0.25, rel_tol=1e-6)
+    # per-sample times (B,): the same values as one call per time
+    mean, std = sde_step_moments(torch.ones(2, 1, 1), torch.full((2, 1, 1), 2.0), torch.tensor([1.0, 0.5]), 0.25,
+                                 1.0, kind="cps")
+    assert torch.allclose(mean.flatten(), torch.tensor([-0.25, 0.0]), atol=1e-7)
+    assert torch.allclose(std.flatten(), torch.tensor([0.75, 0.25]))
+
+
+@pytest.mark.parametrize("eta", [0.3, 0.7, 1.0])
+def test_cps_keeps_the_euler_steps_marginal_where_flow_sde_overshoots(eta):
+    """Data a ~ N(0, 0.25), x_1 ~ N(0, 1): the exact velocity at t = 1 is v = E[x1 - a | x_1] = x_1. Both steps
+    are linear in x_1 plus independent noise, so Var(x_s) = (d mean / d x_1)^2 + std^2, exactly. The true marginal
+    at s = 0.8 is 0.8^2 + 0.2^2 * 0.25 = 0.65 and the Euler step gives 0.8^2 = 0.64; CPS gives 0.64 at every eta,
+    Flow-SDE at a = 1 gives 0.3^2 + 1 = 1.09 (its mean x_1 - 0.2 v - x_1 / 2 keeps 0.3 of x_1, its noise has std 1)."""
+    one = torch.ones(1)
+    for kind, level, want in (("cps", eta, 0.64), ("flow_sde", 1.0, 1.09)):
+        slope, std = sde_step_moments(one, one, 1.0, 0.2, level, kind=kind)  # mean at x_1 = 1, v = 1
+        assert math.isclose(float(slope) ** 2 + float(std) ** 2, want, rel_tol=1e-5), kind
+
+
+def test_sde_kind_checks():
+    check_sde("cps", 1.0, 3, 5)
+    check_sde("flow_sde", 2.0, 4, 5)
+    with pytest.raises(ValueError, match="sde kind must be one of"):
+        check_sde("ddim", 0.5, 0, 5)
+    with pytest.raises(ValueError, match=r"noise level must be in \(0, 1\] for cps"):
+        check_sde("cps", 1.5, 0, 5)
+    with pytest.raises(ValueError, match="cps cannot make the last denoising step"):
+        check_sde("cps", 0.5, 4, 5)
+    g = torch.Generator().manual_seed(0)
+    assert {pick_sde_step(3, None, g, "cps") for _ in range(50)} == {0, 1}  # never the last step
+    assert {pick_sde_step(3, None, g) for _ in range(50)} == {0, 1, 2}
+    with pytest.raises(ValueError, match="sde kind must be one of"):
+        sde_step_moments(torch.ones(1), torch.ones(1), 1.0, 0.2, 0.5, kind="ddim")
 
 
 def test_gaussian_log_prob_and_masked_sum_by_hand():
@@ -66,17 +115,19 @@ def test_clipped_surrogate_by_hand():
     assert lp.grad.tolist()[1] == 0.0 and lp.grad.tolist()[0] < 0
 
 
-@pytest.mark.parametrize("pi05", [False, True])
-def test_recorded_log_prob_equals_recomputation_under_the_same_policy(pi05):
+@pytest.mark.parametrize("pi05,kind", [(False, "flow_sde"), (True, "flow_sde"), (False, "cps")])
+def test_recorded_log_prob_equals_recomputation_under_the_same_policy(pi05, kind):
     policy = tiny_policy(seed=1, pi05=pi05)
     inp = policy.prepare_inputs(synthetic_observation(policy, 2))
     args = (inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"], inp["state"])
     noise = torch.randn(2, 50, 32, generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(3)
-    rec = policy.model.sample_actions_sde(*args, noise=noise, num_steps=5, noise_level=0.5, generator=g)
+    rec = policy.model.sample_actions_sde(*args, noise=noise, num_steps=5, noise_level=0.5, generator=g,
+                                          sde_kind=kind)
     k = rec["sde_step"]
     assert rec["chain"].shape == (2, 6, 50, 32) and torch.equal(rec["chain"][:, -1], rec["actions"])
-    again = policy.model.step_log_prob(*args, chain=rec["chain"], sde_step=k, num_steps=5, noise_level=0.5)
+    again = policy.model.step_log_prob(*args, chain=rec["chain"], sde_step=k, num_steps=5, noise_level=0.5,
+                                       sde_kind=kind)
     assert (again - rec["log_prob"]).abs().max() < 1e-3  # cached vs joint prefix path: ~1e-6 in the velocity
     # noise level 0: the deterministic sampler
     det = policy.model.sample_actions_sde(*args, noise=noise, num_steps=5, noise_level=0.0, sde_step=2)
@@ -120,11 +171,22 @@ def test_one_ppo_iteration_collects_chains_and_updates(pi05):
         from pi0.ript.collection import SDEChunkPolicy
         eps = runner.run([(0, 1)], group_size=2, policy=SDEChunkPolicy(pol, 0.5, torch.Generator().manual_seed(0), 2))
         assert {int(d.extras["sde_step"]) for e in eps for d in e.decisions} == {2}
+        # algo.sde_kind=cps reaches the collector and the update's recomputation; not at the last of 3 steps
+        cps = RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), RLConfig(objective="ppo", sde_kind="cps"))
+        assert cps.rollouts.policy.sde_kind == cps.objective.sde_kind == "cps"
+        with pytest.raises(ValueError, match="cps cannot make the last denoising step .2."):
+            RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), RLConfig(objective="ppo", sde_kind="cps", sde_step=2))
     finally:
         runner.close()
     assert load_config("debug_train_pi0", ["algo.sde_step=0"], check_paths=False).algo.sde_step == 0
     with pytest.raises(Exception, match="algo.sde_step"):
         load_config("debug_train_pi0", ["algo.sde_step=-2"], check_paths=False)
+    assert load_config("debug_train_pi0", ["algo.sde_kind=cps", "algo.noise_level=0.5"],
+                       check_paths=False).algo.sde_kind == "cps"
+    with pytest.raises(Exception, match="algo.sde_kind"):
+        load_config("debug_train_pi0", ["algo.sde_kind=ddim"], check_paths=False)
+    with pytest.raises(Exception, match=r"noise level must be in \(0, 1\] for cps"):
+        load_config("debug_train_pi0", ["algo.sde_kind=cps", "algo.noise_level=1.5"], check_paths=False)
     assert load_config("debug_train_pi0", ["algo.objective=ppo"], check_paths=False).algo.objective == "ppo"
     with pytest.raises(ValueError, match="algo.objective"):
         load_config("debug_train_pi0", ["algo.objective=grpo"], check_paths=False)

@@ -4,6 +4,7 @@ updates, the converged warm start and RFT (hand-checked)."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -496,26 +497,35 @@ def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
 
 
 def test_rft_collects_with_the_rl_arms_stochastic_step(arena_policy):
-    """RFT's rollouts come from the RL arm's collector: the same fixed Flow-SDE step (a uniformly drawn one was a bug)."""
+    """RFT's rollouts come from the RL arm's collector: the same fixed Flow-SDE step (a uniformly drawn one was a bug)
+    and the same kind of step (cps: its std, 0.5 here, shows in the recorded log-densities)."""
     import copy
 
     from pi0.ript.warm_start import rft
 
-    steps: dict[int, set] = {}
-    for sde_step in (1, -1):
+    steps: dict[tuple, set] = {}
+    lps: dict[tuple, list] = {}
+    for sde_step, kind in ((1, "flow_sde"), (-1, "flow_sde"), (0, "cps")):
         seen: set = set()
+        lp: list = []
 
         def callback(st: dict) -> None:
             for g in st["collection"].groups:
                 for ep in g.episodes:
                     seen.update(int(d.extras["sde_step"]) for d in ep.decisions)
+                    lp.extend(np.asarray(d.extras["log_prob"]).ravel() for d in ep.decisions)
 
         runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=8)
         try:
             rft(copy.deepcopy(arena_policy), [], runner, InitStateSampler({4: range(8)}), OptimizerConfig(lr=1e-4),
-                seconds=1e-3, num_groups=2, group_size=2, steps_per_iteration=1, callback=callback, sde_step=sde_step)
+                seconds=1e-3, num_groups=2, group_size=2, steps_per_iteration=1, callback=callback, sde_step=sde_step,
+                sde_kind=kind)
         finally:
             runner.close()
-        steps[sde_step] = seen
-    assert steps[1] == {1}
-    assert steps[-1] <= {0, 1} and len(steps[-1]) == 2  # -1 (RLinf's uniform draw) does vary the step
+        steps[sde_step, kind], lps[sde_step, kind] = seen, lp
+    assert steps[1, "flow_sde"] == {1}
+    assert steps[-1, "flow_sde"] <= {0, 1} and len(steps[-1, "flow_sde"]) == 2  # -1 (RLinf's uniform draw) varies it
+    assert steps[0, "cps"] == {0}
+    # 2 Euler steps, cps at step 0 with eta 1: std = 0.5, so E[log N] = -log 0.5 - 1/2 - log(2 pi)/2 = -0.726
+    # (flow_sde at a = 1 would draw std 1: -1.419)
+    assert abs(np.concatenate(lps[0, "cps"]).mean() - (-math.log(0.5) - 0.5 - 0.5 * math.log(2 * math.pi))) < 0.1

@@ -615,7 +615,7 @@ class FastSampler:
     def sample_actions_sde(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                            lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, num_steps: int = 10,
                            noise_level: float = 0.5, sde_step: int | None = None,
-                           generator: torch.Generator | None = None) -> dict[str, Any]:
+                           generator: torch.Generator | None = None, sde_kind: str = "flow_sde") -> dict[str, Any]:
         """Same contract and numbers as ``PI0Model.sample_actions_sde`` (float32: within 1e-5), on the cached
         prefix and static buffers: noise (B,Ha,A) -> {"actions", "chain" (B,N+1,Ha,A), "sde_step", "log_prob"
         (B,Ha,A)[, "value" (B,)]}.
@@ -626,14 +626,15 @@ class FastSampler:
         """
         times = sde_times(num_steps)
         dt = 1.0 / num_steps
-        sde_step = pick_sde_step(num_steps, sde_step, generator)
+        sde_step = pick_sde_step(num_steps, sde_step, generator, sde_kind)
         noise = self._check_call(state, noise, num_steps)
         use_graph = self._use_graph(state.device)
         time_inputs = self._time_inputs(times, state.shape[0], state.device)
         want_value = bool(self.model.cfg.value_head)
         eps: torch.Tensor | None = None  # the step's N(0,1) draw, once per call whichever path computes it
         if use_graph and self.graph_scope == "call":
-            coefs = sde_coefficients(times[sde_step], dt, noise_level, noise.to(state.device, torch.float32))
+            coefs = sde_coefficients(times[sde_step], dt, noise_level, noise.to(state.device, torch.float32),
+                                     sde_kind)
             eps = torch.randn(noise.shape, generator=generator, device="cpu")  # the eager draw, on the CPU
             extra = {"one_minus_t": coefs[0], "coef": coefs[1], "std": coefs[2], "eps": eps}
 
@@ -654,7 +655,7 @@ class FastSampler:
         else:
             buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
         buf.x.copy_(noise)  # copy-in
-        coefs = sde_coefficients(times[sde_step], dt, noise_level, buf.x)
+        coefs = sde_coefficients(times[sde_step], dt, noise_level, buf.x, sde_kind)
         if eps is None:
             eps = torch.randn(buf.x.shape, generator=generator, device="cpu")
         draw = lambda: eps.to(buf.x.device)  # noqa: E731

@@ -7,8 +7,18 @@ velocity v at (x_t, t),
     x0_hat = x_t - t v,   x1_hat = x_t + (1 - t) v,   sigma_t = a sqrt(t / (1 - t))   (1 - t := d at t = 1)
     mean   = x_t - d v - sigma_t^2 d / (2 t) * x1_hat,   std = sigma_t sqrt(d)
 
-so a = 0 gives the deterministic Euler step back. These are pure functions; ``PI0Model.sample_actions_sde`` runs
-them on the model and records the chain, and the RL update recomputes a recorded step's log-density under new
+so a = 0 gives the deterministic Euler step back. At t = 1 this step keeps (1 - a^2 / 2) of x_t and adds noise of
+std a (for any N): at a = 1 the chain leaves the marginals the model was trained on (x_t ~ (1 - t) x0 + t x1).
+``kind="cps"`` is Coefficients-Preserving Sampling instead (Flow-CPS, Wang & Yu 2025, arXiv 2509.05952; DDIM's eta
+for flow matching): with s = t - d the next time and eta = a in (0, 1],
+
+    mean = (1 - s) x0_hat + s cos(eta pi / 2) x1_hat  =  x_t - d v - s (1 - cos(eta pi / 2)) x1_hat,
+    std  = s sin(eta pi / 2)
+
+so the step keeps x_{t-d}'s coefficients on x0 and on the noise (cos^2 + sin^2 = 1); eta = 0 is the Euler step
+again, and the last step (s = 0) cannot be stochastic. Both kinds share the mean's form x_t - d v - coef x1_hat, so
+the samplers and the update differ only in (coef, std). These are pure functions; ``PI0Model.sample_actions_sde``
+runs them on the model and records the chain, and the RL update recomputes a recorded step's log-density under new
 weights (``step_log_prob``).
 """
 
@@ -35,19 +45,44 @@ def _sde_times(num_steps: int) -> tuple[float, ...]:
     return tuple(float(torch.tensor(1.0, dtype=torch.float32) - k * d) for k in range(num_steps))
 
 
-def sde_coefficients(t: float | torch.Tensor, dt: float, noise_level: float, like: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Time t (a float, or (B,) per sample), dt = 1/N, noise level a -> (1 - t, sigma_t^2 dt / (2 t), std), each a
-    scalar tensor (or (B,1,1)) in ``like``'s dtype and device (sigma in float64 first, as Flow-GRPO's).
+SDE_KINDS = ("flow_sde", "cps")
+
+
+def check_sde(kind: str, noise_level: float, sde_step: int | None, num_steps: int) -> None:
+    """ValueError (one line) for a stochastic step these settings cannot make: an unknown ``kind``, a noise level
+    <= 0 (or > 1 for cps, where it is eta), or cps at the last step (its next time is 0: std 0)."""
+    if kind not in SDE_KINDS:
+        raise ValueError(f"sde kind must be one of {SDE_KINDS}, got {kind!r}")
+    if not noise_level > 0 or (kind == "cps" and noise_level > 1):
+        raise ValueError(f"noise level must be in {'(0, 1]' if kind == 'cps' else '> 0'} for {kind}, "
+                         f"got {noise_level}")
+    if kind == "cps" and sde_step is not None and sde_step >= num_steps - 1:
+        raise ValueError(f"cps cannot make the last denoising step ({num_steps - 1}) stochastic: its next time is 0, "
+                         f"so its std is 0; got sde_step {sde_step}")
+
+
+def sde_coefficients(t: float | torch.Tensor, dt: float, noise_level: float, like: torch.Tensor,
+                     kind: str = "flow_sde") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Time t (a float, or (B,) per sample), dt = 1/N, noise level a (cps: eta), ``kind`` -> (1 - t, coef, std),
+    each a scalar tensor (or (B,1,1)) in ``like``'s dtype and device, for :func:`sde_mean`'s
+    x_t - dt v - coef x1_hat. flow_sde: coef = sigma_t^2 dt / (2 t), std = sigma_t sqrt(dt) (sigma in float64
+    first, as Flow-GRPO's); cps: coef = s (1 - cos(eta pi / 2)), std = s sin(eta pi / 2), s = t - dt.
 
     Split from :func:`sde_step_moments` so that a sampler can compute them before a CUDA graph runs the step.
     """
     if not torch.is_tensor(t):
         t = torch.tensor(float(t), dtype=torch.float64)
     t = t.to(torch.float64)
+    shape = (-1, 1, 1) if t.ndim else ()
+    if kind == "cps":  # as in Flow-CPS (arXiv 2509.05952): DDIM's stochastic step on the flow's coefficients
+        s = (t - dt).clamp_min(0.0)
+        half_pi_eta = noise_level * math.pi / 2
+        coef, std = s * (1.0 - math.cos(half_pi_eta)), s * math.sin(half_pi_eta)
+        return (1.0 - t).reshape(shape).to(like), coef.reshape(shape).to(like), std.reshape(shape).to(like)
+    if kind != "flow_sde":
+        raise ValueError(f"sde kind must be one of {SDE_KINDS}, got {kind!r}")
     one_minus_t = torch.where(t >= 1.0, torch.full_like(t, dt), 1.0 - t)  # at t = 1: 1 - t := dt (finite sigma)
     sigma = noise_level * torch.sqrt(t / one_minus_t)
-    shape = (-1, 1, 1) if t.ndim else ()
     t_, sigma_ = t.reshape(shape).to(like), sigma.reshape(shape).to(like)
     return 1.0 - t_, sigma_ ** 2 * dt / (2.0 * t_), sigma_ * math.sqrt(dt)
 
@@ -59,14 +94,14 @@ def sde_mean(x_t: torch.Tensor, v: torch.Tensor, dt: float, one_minus_t: torch.T
     return x_t - dt * v - coef * x1_hat
 
 
-def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float | torch.Tensor, dt: float, noise_level: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x_t, v (B,H,A), time t (a float, or (B,) per sample), step size dt = 1/N > 0, noise level a ->
+def sde_step_moments(x_t: torch.Tensor, v: torch.Tensor, t: float | torch.Tensor, dt: float, noise_level: float,
+                     kind: str = "flow_sde") -> tuple[torch.Tensor, torch.Tensor]:
+    """x_t, v (B,H,A), time t (a float, or (B,) per sample), step size dt = 1/N > 0, noise level a, ``kind`` ->
     (mean (B,H,A), std: a scalar tensor, or (B,1,1) for per-sample t).
 
-    as in Flow-GRPO sde_step_with_logprob / RLinf sample_mean_var_val (see the module docstring).
+    as in Flow-GRPO sde_step_with_logprob / RLinf sample_mean_var_val, or Flow-CPS (see the module docstring).
     """
-    one_minus_t, coef, std = sde_coefficients(t, dt, noise_level, x_t)
+    one_minus_t, coef, std = sde_coefficients(t, dt, noise_level, x_t, kind)
     return sde_mean(x_t, v, dt, one_minus_t, coef), std
 
 
@@ -81,11 +116,14 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask.to(values.dtype)).flatten(1).sum(-1)
 
 
-def pick_sde_step(num_steps: int, sde_step: int | None, generator: torch.Generator | None = None) -> int:
-    """The stochastic step of one Flow-SDE call: ``sde_step``, or (None) one drawn uniformly from 0..N-1 with
-    ``generator`` (one randint call: eager and fast samplers draw alike); ValueError outside [0, N)."""
+def pick_sde_step(num_steps: int, sde_step: int | None, generator: torch.Generator | None = None,
+                  kind: str = "flow_sde") -> int:
+    """The stochastic step of one Flow-SDE call: ``sde_step``, or (None) one drawn uniformly from the steps ``kind``
+    can make stochastic (flow_sde: 0..N-1, cps: 0..N-2) with ``generator`` (one randint call: eager and fast
+    samplers draw alike); ValueError outside that range."""
+    steps = num_steps - 1 if kind == "cps" else num_steps
     if sde_step is None:
-        sde_step = int(torch.randint(num_steps, (1,), generator=generator))
-    if not 0 <= sde_step < num_steps:
-        raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+        sde_step = int(torch.randint(steps, (1,), generator=generator))
+    if not 0 <= sde_step < steps:
+        raise ValueError(f"sde_step must be in [0, {steps}) for {kind} with {num_steps} steps, got {sde_step}")
     return int(sde_step)

@@ -398,9 +398,10 @@ class PI0Model(nn.Module):
     def sample_actions_sde(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                            lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, num_steps: int = 10,
                            noise_level: float = 0.5, sde_step: int | None = None,
-                           generator: torch.Generator | None = None) -> dict[str, Any]:
+                           generator: torch.Generator | None = None, sde_kind: str = "flow_sde") -> dict[str, Any]:
         """Flow-SDE sampling (``pi0.models.flow_sde``): Euler steps, except step ``sde_step`` k (default: drawn
-        uniformly from 0..N-1 with ``generator``), a Gaussian transition. noise (B,H,A) ->
+        uniformly from 0..N-1 with ``generator``), a Gaussian transition of ``sde_kind`` (flow_sde, or cps: then
+        k < N-1). noise (B,H,A) ->
         {"actions" (B,H,A), "chain" (B,N+1,H,A): x at t = 1, 1-1/N, ..., 0, "sde_step" k,
          "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise,
          "value" (B,) the value head's V of the observation, with ``cfg.value_head``}.
@@ -411,10 +412,10 @@ class PI0Model(nn.Module):
         """
         if self.fast_sampler is not None:
             return self.fast_sampler.sample_actions_sde(images, img_masks, lang_tokens, lang_masks, state, noise,
-                                                        num_steps, noise_level, sde_step, generator)
+                                                        num_steps, noise_level, sde_step, generator, sde_kind)
         times = sde_times(num_steps)
         dt = 1.0 / num_steps
-        sde_step = pick_sde_step(num_steps, sde_step, generator)
+        sde_step = pick_sde_step(num_steps, sde_step, generator, sde_kind)
         kv_cache, prefix_pad, p_out = self.encode_prefix(images, img_masks, lang_tokens, lang_masks, return_output=True)
         x = noise.float()
         chain, log_prob, value = [x], None, None
@@ -424,7 +425,7 @@ class PI0Model(nn.Module):
             if k == 0 and self.cfg.value_head:
                 value = self.value_from(p_out, prefix_pad, s_out)
             if k == sde_step:
-                mean, std = sde_step_moments(x, v, t, dt, noise_level)
+                mean, std = sde_step_moments(x, v, t, dt, noise_level, sde_kind)
                 eps = torch.randn(x.shape, generator=generator, device="cpu").to(x.device)
                 x = mean + std * eps
                 log_prob = gaussian_log_prob(x, mean, std)
@@ -437,7 +438,7 @@ class PI0Model(nn.Module):
     def step_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                       lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, sde_step: int | torch.Tensor,
                       num_steps: int, noise_level: float, return_value: bool = False,
-                      prefix: tuple[KVCache, torch.Tensor] | None = None
+                      prefix: tuple[KVCache, torch.Tensor] | None = None, sde_kind: str = "flow_sde"
                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient
         [, with ``return_value``: the value head's V (B,) from the same pass].
@@ -454,7 +455,7 @@ class PI0Model(nn.Module):
         out = self.predict_velocity(images, img_masks, lang_tokens, lang_masks, state, x, t, return_value=return_value,
                                     prefix=prefix)
         v, value = out if return_value else (out, None)
-        mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level)
+        mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level, sde_kind)
         lp = gaussian_log_prob(chain[rows, k + 1].float(), mean, std)
         return (lp, value) if return_value else lp
 

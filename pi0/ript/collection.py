@@ -224,9 +224,10 @@ class SDEChunkPolicy:
     observation extras of ``Pi0ChunkPolicy`` (client images, model-space state, prompt tokens)."""
 
     def __init__(self, policy: Any, noise_level: float, generator: torch.Generator | None = None,
-                 sde_step: int | None = None):
+                 sde_step: int | None = None, sde_kind: str = "flow_sde"):
         self.policy, self.noise_level, self.generator = policy, float(noise_level), generator
         self.sde_step = sde_step  # the stochastic denoising step: None = drawn uniformly per call (RLinf), or fixed
+        self.sde_kind = sde_kind  # the step's transition: "flow_sde" | "cps" (pi0.models.flow_sde)
 
     @torch.no_grad()
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
@@ -238,7 +239,7 @@ class SDEChunkPolicy:
         noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator).to(pol.device)
         rec = pol.model.sample_actions_sde(inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"],
                                            inp["state"], noise, pol.config.num_steps, self.noise_level,
-                                           sde_step=self.sde_step, generator=self.generator)
+                                           sde_step=self.sde_step, generator=self.generator, sde_kind=self.sde_kind)
         actions = pol.postprocess_actions(rec["actions"], inp["state"])
         extras = {**window_extras(arrays, inp["state"], inp["lang_tokens"], inp["lang_masks"]),
                   "chain": rec["chain"].cpu().numpy(), "sde_step": np.full(len(obs), rec["sde_step"]),
@@ -248,7 +249,8 @@ class SDEChunkPolicy:
         return PolicyOutput(actions=actions.numpy(), extras=extras)
 
 
-def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator) -> SDEChunkPolicy:
-    """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call), shared by the RL arm and
-    RFT so that both collect exactly alike."""
-    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step))
+def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator,
+                  sde_kind: str = "flow_sde") -> SDEChunkPolicy:
+    """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call) and ``algo.sde_kind``,
+    shared by the RL arm and RFT so that both collect exactly alike."""
+    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step), sde_kind)

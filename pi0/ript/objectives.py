@@ -261,9 +261,10 @@ class PPOObjective(FlowMatchingObjective):
     at collection), and the loss adds the head's squared error to the episode's reward (the head's features are
     detached, so that term trains the head alone)."""
 
-    def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2, value_baseline: bool = False):
+    def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2, value_baseline: bool = False,
+                 sde_kind: str = "flow_sde"):
         super().__init__(policy)
-        self.noise_level, self.clip = float(noise_level), float(clip)
+        self.noise_level, self.clip, self.sde_kind = float(noise_level), float(clip), sde_kind
         if value_baseline and not policy.model.cfg.value_head:
             raise ValueError("value_baseline needs the policy's value head: call policy.model.enable_value_head()")
         self.value_baseline = bool(value_baseline)
@@ -308,7 +309,8 @@ class PPOObjective(FlowMatchingObjective):
         out = self.policy.model.step_log_prob(batch["images"], batch["img_masks"], batch["lang_tokens"],
                                               batch["lang_masks"], batch["state"], batch["chain"], batch["sde_step"],
                                               self.policy.config.num_steps, self.noise_level,
-                                              return_value=self.value_baseline, prefix=batch.get("prefix"))
+                                              return_value=self.value_baseline, prefix=batch.get("prefix"),
+                                              sde_kind=self.sde_kind)
         lp, value = out if self.value_baseline else (out, None)
         logp_new = masked_sum(lp, batch["action_mask"])
         loss, st = clipped_surrogate(logp_new, batch["logp_old"], batch["advantage"], self.clip, self.clip)

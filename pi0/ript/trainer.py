@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pi0.models.flow_sde import check_sde
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
@@ -53,6 +54,9 @@ class RLConfig:
     # ppo: the stochastic denoising step. 0 (t = 1): its noise moves the chunk enough for the advantage to credit it;
     # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
     sde_step: int = 0
+    # ppo: the stochastic step's transition. "flow_sde" (Flow-GRPO / RLinf); "cps": Coefficients-Preserving Sampling
+    # (Flow-CPS), whose step keeps the deterministic chain's marginal coefficients, noise_level = its eta in (0, 1]
+    sde_kind: str = "flow_sde"
     clip: float = 0.2  # ppo: ratio clip
     # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
     # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
@@ -99,7 +103,9 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
         if cfg.value_baseline:
             policy.model.enable_value_head()
             policy.config.model = policy.model.cfg
-        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline)
+        check_sde(cfg.sde_kind, cfg.noise_level, None if cfg.sde_step < 0 else cfg.sde_step,
+                  policy.config.num_steps)
+        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline, cfg.sde_kind)
     if cfg.value_baseline:
         raise ValueError("algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
                          "algo.objective=cfg")
@@ -141,8 +147,8 @@ class RIPTTrainer:
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
-        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator) if cfg.objective == "ppo"
-                     else Pi0ChunkPolicy(policy, self.generator))
+        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator, cfg.sde_kind)
+                     if cfg.objective == "ppo" else Pi0ChunkPolicy(policy, self.generator))
         if cfg.fast_sampling and not cfg.fsdp and policy.model.fast_sampler is None:
             policy.model.enable_fast_sampling()
         elif not cfg.fast_sampling or cfg.fsdp:  # FSDP2: eager sampling on the gathered weights

@@ -424,18 +424,19 @@ def success_windows(objective: FlowMatchingObjective, col: Collection) -> list[W
 def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner, sampler: InitStateSampler,
         opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 1.0,
         steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None,
-        sde_step: int = 0, fast_sampling: bool = True, update: PolicyUpdate | None = None) -> PolicyUpdate:
+        sde_step: int = 0, fast_sampling: bool = True, update: PolicyUpdate | None = None,
+        sde_kind: str = "flow_sde") -> PolicyUpdate:
     """Rejection-sampling fine-tuning (RFT) for ``seconds`` of wall-clock: each iteration collects K rollouts from
-    each of B init states as the PPO objective does (the same Flow-SDE collector: ``noise_level``, ``sde_step`` as
-    ``RLConfig``, the same sampler), adds the successful ones' windows to the demo windows, and takes
-    ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no condition, no new demos.
-    ``callback`` gets the iteration's scalars and its ``Collection`` under "collection"; ``update`` continues a
-    caller's ``PolicyUpdate`` (its optimizer state and schedule) instead of a fresh one of ``opt_cfg``."""
+    each of B init states as the PPO objective does (the same Flow-SDE collector: ``noise_level``, ``sde_step``,
+    ``sde_kind`` as ``RLConfig``, the same sampler), adds the successful ones' windows to the demo windows, and
+    takes ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no condition, no new
+    demos. ``callback`` gets the iteration's scalars and its ``Collection`` under "collection"; ``update`` continues
+    a caller's ``PolicyUpdate`` (its optimizer state and schedule) instead of a fresh one of ``opt_cfg``."""
     upd = update or PolicyUpdate(FlowMatchingObjective(policy), opt_cfg, seed=seed)
     objective = upd.objective
     policy.model.enable_fast_sampling(fast_sampling)
-    gen = RolloutGenerator(runner, sde_collector(policy, noise_level, sde_step, torch.Generator().manual_seed(seed)),
-                           sampler, group_size, dynamic_sampling=False, max_attempts=1)
+    gen = RolloutGenerator(runner, sde_collector(policy, noise_level, sde_step, torch.Generator().manual_seed(seed),
+                                                 sde_kind), sampler, group_size, dynamic_sampling=False, max_attempts=1)
     pool = list(demo_windows)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:

@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pi0.errors import UserError, require_path
 from pi0.models.pi0 import TRAINABLE
+from pi0.models.flow_sde import SDE_KINDS, check_sde
 from pi0.rollout.config import RunnerConfig
 from pi0.ript.objectives import OBJECTIVES
 from pi0.ript.trainer import PRECISIONS, RLConfig
@@ -168,6 +169,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.precision": (lambda v: v in PRECISIONS, f"one of {PRECISIONS}"),
     "algo.noise_level": (lambda v: v > 0.0, "> 0 (Flow-SDE noise level a; 1.0 at sde_step 0, RLinf: 0.3-0.5)"),
     "algo.sde_step": (lambda v: v >= -1, ">= -1 (-1: a uniformly drawn step; k: always step k < policy num_steps)"),
+    "algo.sde_kind": (lambda v: v in SDE_KINDS, f"one of {SDE_KINDS} (cps: algo.noise_level is its eta, <= 1)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
@@ -224,12 +226,16 @@ def _reject_derived(layer: Any, where: str) -> None:
             raise UserError(f"{where} sets {key}, which is derived from {instead}; remove it and set that instead")
 
 
-def check_ranges(cfg: Any) -> None:
-    """The range / choice checks of ``_RANGES`` (UserError naming the first bad key)."""
+def check_ranges(cfg: TrainConfig) -> None:
+    """The range / choice checks of ``_RANGES``, then the stochastic step's (UserError naming the first bad key)."""
     for key, (ok, allowed) in _RANGES.items():
         v = _get(cfg, key)
         if not ok(v):
             raise UserError(f"{key}={v!r} is out of range; allowed: {allowed}")
+    try:  # cps takes its eta in (0, 1]; its last-step check needs the policy's num_steps (RIPTTrainer)
+        check_sde(cfg.algo.sde_kind, cfg.algo.noise_level, None, 1)
+    except ValueError as e:
+        raise UserError(f"algo.noise_level / algo.sde_kind: {e}") from None
 
 
 def _get(cfg: Any, dotted: str) -> Any:
