@@ -23,8 +23,8 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from pi0.errors import UserError, require_path
-from pi0.models.pi0 import TRAINABLE
 from pi0.models.flow_sde import SDE_KINDS, check_sde
+from pi0.models.pi0 import TRAINABLE
 from pi0.rollout.config import RunnerConfig
 from pi0.ript.objectives import OBJECTIVES
 from pi0.ript.trainer import PRECISIONS, RLConfig
