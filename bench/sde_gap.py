@@ -43,28 +43,24 @@ def parse_sde(item: str) -> tuple[float, int, str]:
     step, _, kind = rest.partition(":")
     try:
         out = (float(level), int(step), kind or "flow_sde")
+        if not sep or out[1] < -1:
+            raise ValueError("STEP must be a denoising step or -1")
         check_sde(out[2], out[0], None, 1)
     except ValueError as e:
         raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP[:KIND] (a level > 0, a denoising step or -1, kind "
                          f"flow_sde or cps), got {item!r}: {e}") from None
-    if not sep or out[1] < -1:
-        raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP[:KIND] (a level > 0, a denoising step or -1, kind "
-                         f"flow_sde or cps), got {item!r}")
     return out
 
 
 def check_samplers(samplers: dict[str, tuple[float, int, str] | None], num_steps: int) -> None:
     """One-line error for a sampler whose step a policy of ``num_steps`` denoising steps cannot make stochastic."""
     for label, sde in samplers.items():
-        if sde is None:
-            continue
-        level, step, kind = sde
-        try:
-            if step >= num_steps:
-                raise ValueError(f"the policies have {num_steps} denoising steps")
-            check_sde(kind, level, None if step < 0 else step, num_steps)
-        except ValueError as e:
-            raise SystemExit(f"error: --sde {label}: {e}") from None
+        if sde is not None:
+            level, step, kind = sde
+            try:
+                check_sde(kind, level, None if step < 0 else step, num_steps)
+            except ValueError as e:
+                raise SystemExit(f"error: --sde {label}: {e}") from None
 
 
 def parse_policies(items: list[str]) -> dict[str, Path]:

@@ -48,17 +48,27 @@ def _sde_times(num_steps: int) -> tuple[float, ...]:
 SDE_KINDS = ("flow_sde", "cps")
 
 
-def check_sde(kind: str, noise_level: float, sde_step: int | None, num_steps: int) -> None:
-    """ValueError (one line) for a stochastic step these settings cannot make: an unknown ``kind``, a noise level
-    <= 0 (or > 1 for cps, where it is eta), or cps at the last step (its next time is 0: std 0)."""
+def stochastic_steps(num_steps: int, kind: str) -> int:
+    """How many of the N denoising steps (the first ones) ``kind`` can make stochastic: N for flow_sde, N - 1 for cps
+    (its last step's next time is 0, so its std would be 0); ValueError for an unknown kind."""
     if kind not in SDE_KINDS:
         raise ValueError(f"sde kind must be one of {SDE_KINDS}, got {kind!r}")
+    return num_steps - 1 if kind == "cps" else num_steps
+
+
+def check_sde(kind: str, noise_level: float, sde_step: int | None, num_steps: int) -> None:
+    """ValueError (one line) for a stochastic step these settings cannot make: an unknown ``kind``, a noise level
+    <= 0 (or > 1 for cps, where it is eta), or a step ``kind`` cannot make stochastic (cps: not the last)."""
+    steps = stochastic_steps(num_steps, kind)
     if not noise_level > 0 or (kind == "cps" and noise_level > 1):
         raise ValueError(f"noise level must be in {'(0, 1]' if kind == 'cps' else '> 0'} for {kind}, "
                          f"got {noise_level}")
-    if kind == "cps" and sde_step is not None and sde_step >= num_steps - 1:
+    if sde_step is None or 0 <= sde_step < steps:
+        return
+    if kind == "cps" and sde_step == num_steps - 1:
         raise ValueError(f"cps cannot make the last denoising step ({num_steps - 1}) stochastic: its next time is 0, "
                          f"so its std is 0; got sde_step {sde_step}")
+    raise ValueError(f"sde_step must be in [0, {steps}) for {kind} with {num_steps} steps, got {sde_step}")
 
 
 def sde_coefficients(t: float | torch.Tensor, dt: float, noise_level: float, like: torch.Tensor,
@@ -79,8 +89,7 @@ def sde_coefficients(t: float | torch.Tensor, dt: float, noise_level: float, lik
         half_pi_eta = noise_level * math.pi / 2
         coef, std = s * (1.0 - math.cos(half_pi_eta)), s * math.sin(half_pi_eta)
         return (1.0 - t).reshape(shape).to(like), coef.reshape(shape).to(like), std.reshape(shape).to(like)
-    if kind != "flow_sde":
-        raise ValueError(f"sde kind must be one of {SDE_KINDS}, got {kind!r}")
+    stochastic_steps(1, kind)  # an unknown kind: ValueError
     one_minus_t = torch.where(t >= 1.0, torch.full_like(t, dt), 1.0 - t)  # at t = 1: 1 - t := dt (finite sigma)
     sigma = noise_level * torch.sqrt(t / one_minus_t)
     t_, sigma_ = t.reshape(shape).to(like), sigma.reshape(shape).to(like)
@@ -121,7 +130,7 @@ def pick_sde_step(num_steps: int, sde_step: int | None, generator: torch.Generat
     """The stochastic step of one Flow-SDE call: ``sde_step``, or (None) one drawn uniformly from the steps ``kind``
     can make stochastic (flow_sde: 0..N-1, cps: 0..N-2) with ``generator`` (one randint call: eager and fast
     samplers draw alike); ValueError outside that range."""
-    steps = num_steps - 1 if kind == "cps" else num_steps
+    steps = stochastic_steps(num_steps, kind)
     if sde_step is None:
         sde_step = int(torch.randint(steps, (1,), generator=generator))
     if not 0 <= sde_step < steps:
