@@ -99,6 +99,9 @@ class Config:
     smooth: int = 3  # the start's criterion: the mean of the last `smooth` validation checks (1: the single check)
     require_convergence: bool = True  # a start that reaches --sft_steps before its patience runs out is an error
     sft_lr: float = 1e-3  # the warm start's lr
+    # > 0: the start ends with this many SFT steps from its plateau weights, the lr decayed linearly to 0
+    # (pi0.ript.warm_start.cool_down; make run's preset uses 500); 0: the plateau's weights as they are
+    start_cooldown: int = 0
     # the arms' optimizers (tuned on validation states: --stage tune); every arm starts a fresh AdamW warmed up
     # linearly over warmup_steps; a *_schedule of "cosine" decays the arm's lr to 0 over its wall-clock budget
     sft_arm_lr: float = 1e-3  # continued SFT
@@ -328,7 +331,7 @@ def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
         policy, windows, root = cached_warm_start(
             tiny_config(cfg), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
             stop=Plateau(val, cfg.check_every, cfg.patience, smooth=cfg.smooth,
-                         require_convergence=cfg.require_convergence), env=cfg.env)
+                         require_convergence=cfg.require_convergence), env=cfg.env, cooldown=cfg.start_cooldown)
         rec = json.loads((root / "warm_start.json").read_text())
         tried.append({"demos": cfg.num_demos, "steps": rec["steps"], "plateau": rec["plateau"]})
         n = None if cfg.arm or len(tried) > 3 else next_num_demos(cfg.num_demos, rec["plateau"], band,

@@ -486,6 +486,55 @@ def test_a_capped_start_resumes_under_a_higher_cap_to_the_uninterrupted_run(tmp_
     assert (root / "model.safetensors").is_file() and not list(root.parent.glob("*.partial.pt*"))
 
 
+def test_cool_down_decays_the_step_size_linearly_to_zero():
+    """By hand: 40 steps at lr 1e-2 warm up over 2 (5%), then lr x (1 - i/40): 0.5 x 1e-2, 39/40 x 1e-2, ...,
+    1/40 x 1e-2; the scale is restored after each step, and the weights move."""
+    from pi0.ript.warm_start import arena_expert_demos, cool_down, demo_windows
+    policy = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2,
+                                               num_steps=2), default_norm_stats(8, 7))
+    windows = demo_windows(policy, arena_expert_demos([(4, 0)], 4, 2, resolution=32))
+    before = {n: v.clone() for n, v in policy.model.state_dict().items()}
+    lrs: list[float] = []
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    hook = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"]))
+    try:
+        cool_down(policy, windows, OptimizerConfig(lr=1e-2, minibatch_size=4), 40)
+    finally:
+        hook.remove()
+    np.testing.assert_allclose(lrs, [1e-2 * min(1.0, (i + 1) / 2) * (1 - i / 40) for i in range(40)], rtol=1e-12)
+    assert lrs[0] == pytest.approx(5e-3) and lrs[1] == pytest.approx(1e-2 * 39 / 40) and lrs[-1] == pytest.approx(
+        1e-2 / 40)
+    assert not policy.model.training
+    assert any(not torch.equal(v, before[n]) for n, v in policy.model.state_dict().items())
+
+
+def test_a_cooled_start_is_cached_beside_the_start_it_cools(tmp_path):
+    """cooldown=n: the plateau's start (cached under its own key, as without a cooldown), then n decayed steps,
+    cached as <key>-cool<n> with the validation check of the cooled weights; a second call loads both."""
+    from pi0.ript.warm_start import Plateau, cached_warm_start
+    cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
+    stop = Plateau([(4, 7)], every=2, patience=1, require_convergence=True)
+    opt = OptimizerConfig(lr=1e-3, minibatch_size=8)
+    base_pol, _, base = cached_warm_start(cfg, [(4, 0)], 10, opt, cache_dir=tmp_path, resolution=32, stop=stop)
+    cooled_pol, windows, cooled = cached_warm_start(cfg, [(4, 0)], 10, opt, cache_dir=tmp_path, resolution=32,
+                                                    stop=stop, cooldown=6)
+    assert cooled == base.with_name(base.name + "-cool6") and windows
+    rec, base_rec = (json.loads((r / "warm_start.json").read_text()) for r in (cooled, base))
+    assert rec["cooldown"] == 6 and rec["base"] == base.name and 0.0 <= rec["val_after_cooldown"] <= 1.0
+    assert rec["curve"] == base_rec["curve"] and rec["plateau"] == base_rec["plateau"]
+    moved = [n for n, v in cooled_pol.model.state_dict().items() if not torch.equal(v, base_pol.model.state_dict()[n])]
+    assert moved
+    again, _, root = cached_warm_start(cfg, [(4, 0)], 20, opt, cache_dir=tmp_path, resolution=32, stop=stop,
+                                       cooldown=6)  # the converged start under a higher cap: both reused
+    assert root == cooled and sorted(p.name for p in tmp_path.joinpath("ript_warm_start").iterdir()) == sorted(
+        [base.name, cooled.name])
+    for n, v in again.model.state_dict().items():
+        assert torch.equal(v, cooled_pol.model.state_dict()[n]), n
+    with pytest.raises(UserError, match="cooldown must be >= 0"):
+        cached_warm_start(cfg, [(4, 0)], 10, opt, cache_dir=tmp_path, resolution=32, stop=stop, cooldown=-1)
+
+
 def test_rft_windows_are_the_successful_rollouts_only(arena_policy):
     from pi0.ript.collection import Collection, Group
     from pi0.ript.warm_start import success_windows

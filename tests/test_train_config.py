@@ -49,6 +49,7 @@ def test_required_presets_are_bundled():
     (["task.warm_start_procs=3"], ["task.warm_start_minibatch=32", "task.warm_start_procs=3", "multiple"]),
     (["task.warm_start_procs=0"], ["task.warm_start_procs", ">= 1"]),
     (["task.warm_start_seed=-1"], ["task.warm_start_seed", ">= 0"]),
+    (["task.warm_start_cooldown=-5"], ["task.warm_start_cooldown", ">= 0"]),
 ])
 def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:

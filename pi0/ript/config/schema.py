@@ -62,6 +62,9 @@ class TaskConfig:
     warm_start_smooth: int = 1  # the plateau's criterion: the mean of the last n validation checks (1: each check)
     warm_start_threads: int = 0  # torch threads while the start trains alone (0: every core), then ``threads``
     warm_start_lr: float = 1e-3  # the start's SFT step size (AdamW, constant)
+    # > 0: then this many SFT steps from the start's weights with the step size decayed linearly to 0
+    # (pi0.ript.warm_start.cool_down), cached as <start>-cool<n>; 0: the plateau's weights as they are
+    warm_start_cooldown: int = 0
     warm_start_minibatch: int = 32  # the start's SFT minibatch (windows per step)
     # processes the start's SFT runs in (with warm_start_patience > 0): gloo data parallel, one thread each, the
     # minibatch and the validation states split among them (pi0.ript.warm_start.sft_to_plateau_parallel)
@@ -193,6 +196,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "task.warm_start_smooth": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_threads": (lambda v: v >= 0, ">= 0 (0: every core)"),
     "task.warm_start_lr": (lambda v: v > 0.0, "> 0"),
+    "task.warm_start_cooldown": (lambda v: v >= 0, ">= 0"),
     "task.warm_start_minibatch": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_procs": (lambda v: v >= 1, ">= 1"),
     "task.warm_start_seed": (lambda v: v >= 0, ">= 0"),

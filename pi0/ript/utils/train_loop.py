@@ -87,7 +87,7 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
                                                OptimizerConfig(lr=t.warm_start_lr, minibatch_size=t.warm_start_minibatch),
                                                cache_dir=Path(cfg.logging.out_dir) / "cache",
                                                resolution=cfg.env.resolution, stop=stop, env=t.env,
-                                               procs=t.warm_start_procs)
+                                               procs=t.warm_start_procs, cooldown=t.warm_start_cooldown)
     finally:
         torch.set_num_threads(threads)
     return policy, windows
