@@ -34,6 +34,10 @@ def test_sft_baseline_beside_rl_writes_paired_summary_and_plot(tmp_path):
     assert s["before"] == curve[0]["eval_success_rate"]
     assert 0 < s["sft_curve"][0]["minutes"] < s["sft_curve"][1]["minutes"] <= s["train_minutes"] + 1e-9
     assert s["rl_minus_sft"]["mean"] == pytest.approx(s["rl"] - s["sft"])
+    # paired against the start's own episodes (the curve's iteration 0)
+    assert s["rl_minus_before"]["mean"] == pytest.approx(s["rl"] - s["before"])
+    assert s["sft_minus_before"]["mean"] == pytest.approx(s["sft"] - s["before"])
+    assert s["rl_minus_before"]["se"] >= 0 and s["sft_minus_before"]["se"] >= 0
     assert s["minutes"] >= s["train_minutes"]
     # the SFT process trained between the marks (and from the same start as RL)
     log = json.loads((run / "sft_baseline" / "log.json").read_text())

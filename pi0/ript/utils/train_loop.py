@@ -155,9 +155,11 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
 
 
 def baseline_summary(trainer: RIPTTrainer, curve: list[dict[str, float]], marks: list[dict[str, Any]],
-                     rl_final: np.ndarray | None, sft_log: dict, run_dir: Path) -> dict[str, Any]:
+                     rl_final: np.ndarray | None, sft_log: dict, run_dir: Path,
+                     before: np.ndarray | None = None) -> dict[str, Any]:
     """Score the continued-SFT snapshots beside RL's evaluations -> summary.json's fields (before, rl, sft at the
-    last mark, the paired RL − SFT difference, both curves against the arms' shared training minutes)."""
+    last mark, the paired RL − SFT difference, and with the start's outcomes ``before`` the paired RL − start and
+    SFT − start, both curves against the arms' shared training minutes)."""
     from pi0.evaluation.paired import paired_difference
 
     sft_curve, sft_final = [], None
@@ -176,6 +178,10 @@ def baseline_summary(trainer: RIPTTrainer, curve: list[dict[str, float]], marks:
         mean, se = paired_difference(rl_final, sft_final)
         out.update(rl=float(rl_final.mean()), sft=float(sft_final.mean()), held_out_episodes=len(rl_final),
                    rl_minus_sft={"mean": mean, "se": se})
+        if before is not None and before.shape == rl_final.shape:  # (a resumed run has no start outcomes)
+            for name, final in (("rl_minus_before", rl_final), ("sft_minus_before", sft_final)):
+                mean, se = paired_difference(final, before)
+                out[name] = {"mean": mean, "se": se}
     return out
 
 
@@ -274,8 +280,10 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             from torch.utils.tensorboard import SummaryWriter
             writer = SummaryWriter(str(run_dir / "tb"))
         curve = [c for c in trainer.curve if "rollouts" in c or c.get("iteration") == 0.0]
+        before: np.ndarray | None = None  # the start's per-episode held-out outcomes (this rank's)
         if not ckpt and trainer.cfg.eval_every and cfg.task.eval_states:  # the starting point of the curve
-            ev, n = sync.weighted_mean(trainer.evaluate(),
+            before = trainer.evaluate_outcomes()
+            ev, n = sync.weighted_mean(float(np.mean(before)) if len(before) else 0.0,
                                        len(trainer.eval_states) * trainer.cfg.eval_repeats)
             curve = [{"iteration": 0.0, "eval_success_rate": ev}]
             if info.is_main:
@@ -344,7 +352,7 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
         summary = None
         if base is not None:
             sft_log = base.close()
-            summary = baseline_summary(trainer, curve, marks, rl_final, sft_log, run_dir)
+            summary = baseline_summary(trainer, curve, marks, rl_final, sft_log, run_dir, before)
             for pt in summary["sft_curve"]:
                 writer.add_scalar("baseline_sft/eval_success_rate", pt["eval_success_rate"], int(pt["iteration"]))
         save_policy(policy, run_dir / "final", info)  # every rank: gathers FSDP2 shards, rank 0 writes
@@ -359,8 +367,11 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
                 (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
                 print(f"held-out success: before {summary['before']:.2f}, RL {summary['rl']:.2f}, continued SFT "
                       f"{summary['sft']:.2f} after {summary['train_minutes']:.1f} min side by side; RL - SFT "
-                      f"{summary['rl_minus_sft']['mean']:+.2f} +- {summary['rl_minus_sft']['se']:.2f} (paired, "
-                      f"{summary['held_out_episodes']} episodes); job {summary['minutes']:.1f} min", flush=True)
+                      f"{summary['rl_minus_sft']['mean']:+.2f} +- {summary['rl_minus_sft']['se']:.2f}"
+                      + (f", RL - start {summary['rl_minus_before']['mean']:+.2f} +- "
+                         f"{summary['rl_minus_before']['se']:.2f}" if "rl_minus_before" in summary else "")
+                      + f" (paired, {summary['held_out_episodes']} episodes); job {summary['minutes']:.1f} min",
+                      flush=True)
             writer.close()
             print(f"run dir {run_dir}: config.yaml, curve.json, tb/, final/"
                   + (", summary.json, sft_baseline/" if summary is not None else "")
