@@ -100,7 +100,7 @@ class Config:
     require_convergence: bool = True  # a start that reaches --sft_steps before its patience runs out is an error
     sft_lr: float = 1e-3  # the warm start's lr
     # > 0: the start ends with this many SFT steps from its plateau weights, the lr decayed linearly to 0
-    # (pi0.ript.warm_start.cool_down; make run's preset uses 500); 0: the plateau's weights as they are
+    # (pi0.ript.warm_start.cool_down; make run's preset uses 1000); 0: the plateau's weights as they are
     start_cooldown: int = 0
     # the arms' optimizers (tuned on validation states: --stage tune); every arm starts a fresh AdamW warmed up
     # linearly over warmup_steps; a *_schedule of "cosine" decays the arm's lr to 0 over its wall-clock budget

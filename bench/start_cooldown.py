@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,9 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from pi0.errors import UserError  # noqa: E402
 from pi0.evaluation.paired import paired_difference, rate_se  # noqa: E402
 from pi0.ript.config.schema import load_config  # noqa: E402
-from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
-from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
-from pi0.ript.utils.train_loop import tiny_warm_start  # noqa: E402
+from pi0.ript.sft_baseline import baseline_update  # noqa: E402
+from pi0.ript.utils.train_loop import start_optimizer, start_threads, start_val_states, tiny_warm_start  # noqa: E402
 from pi0.ript.warm_start import TinyArenaConfig, cool_down, evaluate_episodes, validation_runner  # noqa: E402
 
 
@@ -62,30 +60,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit("error: the bench needs an arena preset with a converged start (task.warm_start_patience > 0)")
     policy, windows = tiny_warm_start(cfg)
     start = copy.deepcopy(policy.model.state_dict())
-    val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
+    val = start_val_states(t)
     runner = validation_runner(t.env, val, len(val), TinyArenaConfig.n_action_steps, cfg.env.resolution)
 
     def score() -> np.ndarray:
         return evaluate_episodes(runner, policy, val, repeats=args.repeats, seed=t.warm_start_seed)
 
-    start_threads = t.warm_start_threads or os.cpu_count() or 1
     rows, preset_state = [], None
     with runner:
         for n in args.cooldown:
             policy.model.load_state_dict(start)
             t0 = time.perf_counter()
-            torch.set_num_threads(start_threads)  # as tiny_warm_start trains (another count rounds otherwise)
-            cool_down(policy, windows, OptimizerConfig(lr=t.warm_start_lr, minibatch_size=t.warm_start_minibatch), n,
-                      seed=t.warm_start_seed)
+            torch.set_num_threads(start_threads(t))  # as tiny_warm_start trains (another count rounds otherwise)
+            cool_down(policy, windows, start_optimizer(t), n, seed=t.warm_start_seed)
             torch.set_num_threads(cfg.threads)  # as the baseline arm trains and the job scores
             cool_s = time.perf_counter() - t0
             if n == preset.task.warm_start_cooldown:
                 preset_state = copy.deepcopy(policy.model.state_dict())
             cooled = score()
-            torch.manual_seed(cfg.algo.seed + 3)  # as pi0.ript.sft_baseline seeds the arm
-            upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
-                lr=cfg.baseline.sft_lr, minibatch_size=32, warmup_steps=cfg.baseline.warmup_steps),
-                seed=cfg.algo.seed + 3)
+            upd = baseline_update(cfg, policy)
             t0 = time.perf_counter()
             for _ in range(args.sft_steps):  # one minibatch a step, as the arm draws them
                 upd.step(windows, max_steps=1)

@@ -23,6 +23,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pi0.policies.pi0 import PI0Policy
+    from pi0.ript.config.schema import TrainConfig
+    from pi0.ript.update import PolicyUpdate
 
 POLL_S = 0.02  # seconds between checks for the other side's file
 DIRNAME = "sft_baseline"
@@ -71,21 +77,28 @@ class SFTBaseline:
         return json.loads(log.read_text()) if log.is_file() else {}
 
 
+def baseline_update(cfg: TrainConfig, policy: PI0Policy) -> PolicyUpdate:
+    """The arm's optimizer over ``policy``: a fresh AdamW at ``baseline.sft_lr`` warmed up over
+    ``baseline.warmup_steps``, 32 windows a step, its flow noise and minibatch order seeded by ``algo.seed``."""
+    from pi0.ript.objectives import FlowMatchingObjective
+    from pi0.ript.update import OptimizerConfig, PolicyUpdate
+
+    return PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
+        lr=cfg.baseline.sft_lr, minibatch_size=32, warmup_steps=cfg.baseline.warmup_steps), seed=cfg.algo.seed + 3)
+
+
 def serve(run_dir: Path) -> None:
     """The SFT side: train between RL's evaluations, snapshot at each (module docstring)."""
     import torch
 
     from pi0.ript.config.schema import load_config
-    from pi0.ript.objectives import FlowMatchingObjective
-    from pi0.ript.update import OptimizerConfig, PolicyUpdate
     from pi0.ript.utils.train_loop import tiny_warm_start
 
     cfg = load_config(run_dir / "config.yaml", check_paths=False)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.algo.seed + 3)
     policy, windows = tiny_warm_start(cfg)  # the RL job computed and cached it: this loads it
-    upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
-        lr=cfg.baseline.sft_lr, minibatch_size=32, warmup_steps=cfg.baseline.warmup_steps), seed=cfg.algo.seed + 3)
+    upd = baseline_update(cfg, policy)
     d = run_dir / DIRNAME
     (d / "ready").touch()
     steps, snaps, k = 0, [], 0

@@ -61,7 +61,7 @@ class TaskConfig:
     warm_start_val_states: int = 50
     warm_start_smooth: int = 1  # the plateau's criterion: the mean of the last n validation checks (1: each check)
     warm_start_threads: int = 0  # torch threads while the start trains alone (0: every core), then ``threads``
-    warm_start_lr: float = 1e-3  # the start's SFT step size (AdamW, constant)
+    warm_start_lr: float = 1e-3  # the start's SFT step size (AdamW, constant until the cooldown)
     # > 0: then this many SFT steps from the start's weights with the step size decayed linearly to 0
     # (pi0.ript.warm_start.cool_down), cached as <start>-cool<n>; 0: the plateau's weights as they are
     warm_start_cooldown: int = 0

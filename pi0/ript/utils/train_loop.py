@@ -31,7 +31,7 @@ from pi0.rollout import RolloutRunner
 from pi0.ript.algos.rl_optimizers.file_counter import FileGlobalCounter
 from pi0.ript.algos.rl_optimizers.store_counter import StoreGlobalCounter
 from pi0.ript.checkpoint import latest_checkpoint, load_train_state, save_checkpoint
-from pi0.ript.config.schema import StageRules, TrainConfig, save_config
+from pi0.ript.config.schema import StageRules, TaskConfig, TrainConfig, save_config
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.trainer import RIPTTrainer
 from pi0.ript.update import OptimizerConfig
@@ -66,6 +66,21 @@ def initial_policy(cfg: TrainConfig, info: DistInfo) -> PI0Policy:
     return policy.to(info.device)
 
 
+def start_val_states(t: TaskConfig) -> list[tuple[int, int]]:
+    """The start's validation init states: train_states..train_states+warm_start_val_states-1 of each task."""
+    return [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
+
+
+def start_optimizer(t: TaskConfig) -> OptimizerConfig:
+    """The start's SFT settings (its plateau phase and its cooldown)."""
+    return OptimizerConfig(lr=t.warm_start_lr, minibatch_size=t.warm_start_minibatch)
+
+
+def start_threads(t: TaskConfig) -> int:
+    """Torch threads while the start trains alone (other ranks wait): warm_start_threads, else every core."""
+    return t.warm_start_threads or os.cpu_count() or 1
+
+
 def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
     """The tiny arena / MetaWorld warm start of ``cfg.task`` (cached under ``<out_dir>/cache``) and its demo windows
     (the RL job's start, and the data of the continued-SFT baseline)."""
@@ -77,14 +92,13 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
     demos = [(tid, i) for tid in t.task_ids for i in range(t.warm_start_demos)]
     stop = None
     if t.warm_start_patience > 0:
-        val = [(tid, i) for tid in t.task_ids for i in range(t.train_states, t.train_states + t.warm_start_val_states)]
-        stop = Plateau(val, every=t.warm_start_every, patience=t.warm_start_patience, smooth=t.warm_start_smooth,
+        stop = Plateau(start_val_states(t), every=t.warm_start_every, patience=t.warm_start_patience,
+                       smooth=t.warm_start_smooth,
                        require_convergence=True)  # a start that reaches warm_start_steps first is an error
     threads = torch.get_num_threads()
-    torch.set_num_threads(t.warm_start_threads or os.cpu_count() or 1)  # it trains alone (other ranks wait)
+    torch.set_num_threads(start_threads(t))
     try:
-        policy, windows, _ = cached_warm_start(tiny, demos, t.warm_start_steps,
-                                               OptimizerConfig(lr=t.warm_start_lr, minibatch_size=t.warm_start_minibatch),
+        policy, windows, _ = cached_warm_start(tiny, demos, t.warm_start_steps, start_optimizer(t),
                                                cache_dir=Path(cfg.logging.out_dir) / "cache",
                                                resolution=cfg.env.resolution, stop=stop, env=t.env,
                                                procs=t.warm_start_procs, cooldown=t.warm_start_cooldown)
