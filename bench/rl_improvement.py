@@ -44,7 +44,6 @@ Writes ``<out>/rl_improvement.json`` and ``.png`` (held-out success against wall
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -64,7 +63,7 @@ from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
-from pi0.ript.update import OptimizerConfig, PolicyUpdate  # noqa: E402
+from pi0.ript.update import LR_SCHEDULES, OptimizerConfig, PolicyUpdate, lr_scale_at  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
@@ -75,7 +74,7 @@ ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_ste
                        "rl_schedule"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = LR_SCHEDULES
 STAGES = ("start", "tune", "report", "select")
 
 
@@ -377,11 +376,6 @@ def rl_config(cfg: Config) -> RLConfig:
                                         value_lr=cfg.value_lr, warmup_steps=cfg.warmup_steps))
 
 
-def cosine(frac: float) -> float:
-    """The lr multiplier of a cosine decay to 0 at ``frac`` of the budget (1 at 0, 0 at 1)."""
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, frac))))
-
-
 def arm_dir(cfg: Config, arm: str) -> Path:
     """Where an arm writes: ``<out>/<arm>``, or ``<out>/p<j>/<arm>`` for grid point j of the tune stage."""
     return Path(cfg.out) / (f"p{cfg.point}" if cfg.stage == "tune" else "") / arm
@@ -411,7 +405,7 @@ def run_arm(cfg: Config) -> None:
             print(f"[{arm}] {log[-1]['minutes']:.1f} min, iteration {len(log)}: rollout success "
                   f"{st['rollout/success_rate']:.2f}", flush=True)
         if schedule == "cosine" and upd is not None:
-            upd.lr_scale = cosine(el / seconds)
+            upd.lr_scale = lr_scale_at("cosine", el / seconds)
         snaps.maybe(policy)
 
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)

@@ -90,7 +90,8 @@ def test_imports_flow_one_way():
                                                                          "bench/sde_gap.py",
                                                                          "bench/train_memory.py",
                                                                          "bench/parallel_start.py",
-                                                                         "bench/start_cooldown.py")
+                                                                         "bench/start_cooldown.py",
+                                                                         "bench/make_run_tune.py")
         if not rel.startswith("pi0/ript/") and not rl_entry:  # the RL stages / tools are pi0.ript's entry points
             assert "ript" not in used, rel
         if rel.startswith("pi0/envs/"):

@@ -23,8 +23,12 @@ def test_sft_baseline_beside_rl_writes_paired_summary_and_plot(tmp_path):
 
     cfg = load_config("debug_train_pi0", TINY_TRAIN + [f"logging.out_dir={tmp_path}", "algo.iterations=3",
                                                        "algo.eval_every=2", "baseline.sft=true",
-                                                       "baseline.sft_lr=1e-3", "baseline.warmup_steps=0"])
+                                                       "baseline.sft_lr=1e-3", "baseline.warmup_steps=0",
+                                                       "lr_schedule=cosine", "baseline.sft_schedule=cosine"])
     curve = train(cfg)
+    # both arms' lr follows a half cosine over RL's 3 iterations: 1, 0.75, 0.25 in iterations 1-3 (cos(pi/3) = 0.5)
+    lr = cfg.algo.opt.lr
+    assert [c["lr"] for c in curve[1:]] == pytest.approx([lr, 0.75 * lr, 0.25 * lr])
     run = tmp_path / "debug_train_pi0"
     s = json.loads((run / "summary.json").read_text())
     # marks at RL's evaluations: iteration 2 and the last one (3); SFT scored at each, on the same 2 episodes
@@ -42,6 +46,8 @@ def test_sft_baseline_beside_rl_writes_paired_summary_and_plot(tmp_path):
     # the SFT process trained between the marks (and from the same start as RL)
     log = json.loads((run / "sft_baseline" / "log.json").read_text())
     assert 0 < log["snapshots"][0]["steps"] < log["snapshots"][1]["steps"] == log["steps"]
+    # SFT's schedule read RL's progress: 2 of 3 iterations done at the first mark, all 3 at the last
+    assert [m["lr_scale"] for m in log["snapshots"]] == pytest.approx([0.25, 0.0], abs=1e-12)
     start = _weights(next((tmp_path / "cache" / "ript_warm_start").iterdir()))
     snap = _weights(run / "sft_baseline" / "snap_1")
     assert start.keys() == snap.keys()
@@ -52,8 +58,33 @@ def test_sft_baseline_beside_rl_writes_paired_summary_and_plot(tmp_path):
 @pytest.mark.parametrize("override, words", [
     (["baseline.sft=true", "task.env=libero"], "baseline.sft=true continues SFT on the tiny warm start"),
     (["baseline.sft_lr=0"], "baseline.sft_lr=0"),
+    (["baseline.sft_schedule=linear"], "baseline.sft_schedule='linear' is out of range; allowed: one of"),
+    (["lr_schedule=step"], "lr_schedule='step' is out of range"),
     (["baseline.sft=true", "algo.eval_every=0"], "set algo.eval_every >= 1"),
 ])
 def test_sft_baseline_config_errors(override, words):
     with pytest.raises(UserError, match=words):
         load_config("debug_train_pi0", override, check_paths=True)
+
+
+def test_lr_scale_at_by_hand():
+    from pi0.ript.update import lr_scale_at
+
+    assert [lr_scale_at("constant", f) for f in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
+    # 0.5 (1 + cos(pi f)): f = 0 -> 1, 1/3 -> 0.75, 1/2 -> 0.5, 2/3 -> 0.25, 1 -> 0; clamped outside [0, 1]
+    assert [lr_scale_at("cosine", f) for f in (0.0, 1 / 3, 0.5, 2 / 3, 1.0, 2.0, -1.0)] == pytest.approx(
+        [1.0, 0.75, 0.5, 0.25, 0.0, 0.0, 1.0], abs=1e-12)
+    with pytest.raises(ValueError, match="unknown lr schedule 'linear'"):
+        lr_scale_at("linear", 0.5)
+
+
+def test_rl_lr_scale_warmup_times_cosine():
+    from pi0.ript.utils.train_loop import rl_lr_scale
+
+    cfg = load_config("debug_train_pi0", ["algo.iterations=4", "warmup_iterations=2", "lr_schedule=cosine"])
+    # iteration i of 4: warm-up min(1, (i+1)/2) x 0.5 (1 + cos(pi i / 4)); cos(pi/4) = 0.7071, cos(3 pi/4) = -0.7071
+    assert [rl_lr_scale(cfg, i) for i in range(4)] == pytest.approx(
+        [0.5, 0.5 * (1 + 0.70710678), 0.5, 0.5 * (1 - 0.70710678)])
+    const = load_config("debug_train_pi0", ["algo.iterations=4"])
+    assert [rl_lr_scale(const, i) for i in range(4)] == [1.0] * 4
+

@@ -8,6 +8,9 @@ from the same cached warm start, SFT on its demos with a fresh AdamW (``baseline
 2. SFT saves its weights as ``snap_<k>/``, writes ``saved_<k>`` and waits;
 3. RL evaluates itself, then writes ``go_<k>``; both train on.
 
+After each of its iterations RL writes ``progress`` (the fraction of ``algo.iterations`` done), from which
+``baseline.sft_schedule=cosine`` sets the lr over the same budget as RL's ``lr_schedule``.
+
 So the two train only in the same wall-clock windows (neither trains while RL evaluates), each SFT snapshot is the
 baseline at the same training time as the RL evaluation it sits beside, and RL scores the snapshots afterwards on
 the same held-out states with the same per-episode noise (paired). ``stop`` ends the process.
@@ -62,6 +65,12 @@ class SFTBaseline:
         self._wait(f"saved_{k}")
         return self.dir / f"snap_{k}"
 
+    def progress(self, frac: float) -> None:
+        """Tell SFT how much of the shared budget has passed (written atomically)."""
+        tmp = self.dir / "progress.tmp"
+        tmp.write_text(repr(float(frac)))
+        tmp.replace(self.dir / "progress")
+
     def resume(self, k: int) -> None:
         """Let SFT train on after RL's evaluation ``k``."""
         (self.dir / f"go_{k}").touch()
@@ -79,7 +88,7 @@ class SFTBaseline:
 
 def baseline_update(cfg: TrainConfig, policy: PI0Policy) -> PolicyUpdate:
     """The arm's optimizer over ``policy``: a fresh AdamW at ``baseline.sft_lr`` warmed up over
-    ``baseline.warmup_steps``, 32 windows a step, its flow noise and minibatch order seeded by ``algo.seed``."""
+    ``baseline.warmup_steps`` (``serve`` applies ``baseline.sft_schedule``), 32 windows a step, its flow noise and minibatch order seeded by ``algo.seed``."""
     from pi0.ript.objectives import FlowMatchingObjective
     from pi0.ript.update import OptimizerConfig, PolicyUpdate
 
@@ -92,6 +101,7 @@ def serve(run_dir: Path) -> None:
     import torch
 
     from pi0.ript.config.schema import load_config
+    from pi0.ript.update import lr_scale_at
     from pi0.ript.utils.train_loop import tiny_warm_start
 
     cfg = load_config(run_dir / "config.yaml", check_paths=False)
@@ -100,17 +110,23 @@ def serve(run_dir: Path) -> None:
     policy, windows = tiny_warm_start(cfg)  # the RL job computed and cached it: this loads it
     upd = baseline_update(cfg, policy)
     d = run_dir / DIRNAME
+
+    def lr_scale() -> float:  # baseline.sft_schedule at the budget fraction RL last wrote (0 before its first)
+        f = d / "progress"
+        return lr_scale_at(cfg.baseline.sft_schedule, float(f.read_text()) if f.is_file() else 0.0)
+
     (d / "ready").touch()
     steps, snaps, k = 0, [], 0
     while not (d / "stop").exists():
         if (d / f"mark_{k}").exists():
             policy.save_pretrained(d / f"snap_{k}")
-            snaps.append({"mark": k, "steps": steps})
+            snaps.append({"mark": k, "steps": steps, "lr_scale": lr_scale()})
             (d / f"saved_{k}").touch()
             while not (d / f"go_{k}").exists() and not (d / "stop").exists():
                 time.sleep(POLL_S)
             k += 1
             continue
+        upd.lr_scale = lr_scale()
         upd.step(windows, max_steps=1)
         steps += 1
     (d / "log.json").write_text(json.dumps({"steps": steps, "snapshots": snaps}))

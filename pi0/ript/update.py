@@ -30,6 +30,19 @@ from pi0.ript.utils.dist_utils import DistInfo
 from pi0.ript.utils.fsdp import full_value, is_sharded
 
 
+LR_SCHEDULES = ("constant", "cosine")  # an arm's lr multiplier over its budget (lr_scale_at)
+
+
+def lr_scale_at(schedule: str, frac: float) -> float:
+    """The lr multiplier of ``schedule`` at ``frac`` of the budget: 1 for ``constant``; for ``cosine`` a half cosine
+    from 1 at 0 to 0 at 1 (clamped to [0, 1])."""
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, frac))))
+    raise ValueError(f"unknown lr schedule {schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
+
+
 @dataclass
 class OptimizerConfig:
     """Update settings (shared by RL and the supervised warm start)."""

@@ -28,6 +28,7 @@ from pi0.models.pi0 import TRAINABLE
 from pi0.rollout.config import RunnerConfig
 from pi0.ript.objectives import OBJECTIVES
 from pi0.ript.trainer import PRECISIONS, RLConfig
+from pi0.ript.update import LR_SCHEDULES
 
 PRESET_DIR = Path(__file__).parent
 ENVS = ("arena", "libero", "metaworld")
@@ -118,6 +119,9 @@ class BaselineConfig:
     sft: bool = False
     sft_lr: float = 1e-3
     warmup_steps: int = 50  # its fresh AdamW's linear lr warm-up (OptimizerConfig.warmup_steps)
+    # "cosine": the lr decays to 0 over the shared budget (the fraction of RL's algo.iterations done), as
+    # ``lr_schedule`` does for RL; "constant": baseline.sft_lr throughout
+    sft_schedule: str = "constant"
 
 
 @dataclass
@@ -155,6 +159,7 @@ class TrainConfig:
     device: str = "cpu"  # "cpu" | "cuda" (each rank takes cuda:<LOCAL_RANK>)
     threads: int = 1  # torch CPU threads per process
     warmup_iterations: int = 0  # linear LR warm-up over this many iterations (LambdaLR, saved with checkpoints)
+    lr_schedule: str = "constant"  # RL's lr over algo.iterations: constant | cosine (to 0 at the end), x the warm-up
 
     @property
     def run_dir(self) -> Path:
@@ -203,6 +208,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "env.resolution": (lambda v: v >= 16, ">= 16"),
     "baseline.sft_lr": (lambda v: v > 0.0, "> 0"),
     "baseline.warmup_steps": (lambda v: v >= 0, ">= 0"),
+    "baseline.sft_schedule": (lambda v: v in LR_SCHEDULES, f"one of {LR_SCHEDULES}"),
     "features.history_reprobe_after": (lambda v: v >= 1, ">= 1"),
     "distributed.backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
     "distributed.counter": (lambda v: v in COUNTERS, f"one of {COUNTERS}"),
@@ -210,6 +216,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "logging.num_videos": (lambda v: v >= 0, ">= 0"),
     "threads": (lambda v: v >= 1, ">= 1"),
     "warmup_iterations": (lambda v: v >= 0, ">= 0"),
+    "lr_schedule": (lambda v: v in LR_SCHEDULES, f"one of {LR_SCHEDULES}"),
     "device": (lambda v: v == "cpu" or v.startswith("cuda"), "'cpu' or 'cuda[:N]'"),
 }
 

@@ -34,7 +34,7 @@ from pi0.ript.checkpoint import latest_checkpoint, load_train_state, save_checkp
 from pi0.ript.config.schema import StageRules, TaskConfig, TrainConfig, save_config
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.trainer import RIPTTrainer
-from pi0.ript.update import OptimizerConfig
+from pi0.ript.update import OptimizerConfig, lr_scale_at
 from pi0.ript.utils.dist_utils import (DistInfo, DistributedStatsSynchronizer, barrier, cleanup_distributed,
                                        setup_distributed, shard_tasks_across_gpus)
 from pi0.ript.utils.fsdp import gathered, save_policy
@@ -79,6 +79,13 @@ def start_optimizer(t: TaskConfig) -> OptimizerConfig:
 def start_threads(t: TaskConfig) -> int:
     """Torch threads while the start trains alone (other ranks wait): warm_start_threads, else every core."""
     return t.warm_start_threads or os.cpu_count() or 1
+
+
+def rl_lr_scale(cfg: TrainConfig, i: int) -> float:
+    """RL's lr multiplier in its iteration ``i`` (0-based): the linear warm-up over ``warmup_iterations`` times
+    ``lr_schedule`` at ``i / algo.iterations`` of the budget."""
+    warm = cfg.warmup_iterations
+    return (min(1.0, (i + 1) / warm) if warm else 1.0) * lr_scale_at(cfg.lr_schedule, i / cfg.algo.iterations)
 
 
 def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
@@ -283,9 +290,7 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
     curve_path = run_dir / "curve.json"
     with build_runner(cfg) as runner:
         trainer = build_trainer(cfg, info, policy, runner, run_dir)
-        warm = cfg.warmup_iterations
-        sched = torch.optim.lr_scheduler.LambdaLR(trainer.update.optimizer,
-                                                  lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(trainer.update.optimizer, lambda i: rl_lr_scale(cfg, i))
         if ckpt:
             load_train_state(ckpt, trainer, sched, info)
         sync = DistributedStatsSynchronizer(info)
@@ -318,7 +323,10 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             bar = tqdm(total=cfg.algo.iterations, initial=trainer.iteration, desc=f"RIPT-{cfg.algo.objective}", dynamic_ncols=True)
         while trainer.iteration < cfg.algo.iterations:
             it = trainer.iteration + 1
+            lr = sched.get_last_lr()[0]  # this iteration's
             st = trainer.step()  # collect, advantages, windows, update, evaluate (pi0.ript.trainer)
+            if base is not None:
+                base.progress(it / cfg.algo.iterations)  # the shared budget's fraction, for baseline.sft_schedule
             if base is not None and every and (it % every == 0 or it == cfg.algo.iterations):
                 train_s += time.perf_counter() - t_mark  # both arms trained this long since the last mark
                 snap = base.pause(len(marks))
@@ -335,7 +343,7 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
                 sched.step()
             g = global_stats(st, trainer, sync)
             g["iteration"] = float(it)
-            g["lr"] = sched.get_last_lr()[0]
+            g["lr"] = lr
             if marks and marks[-1]["iteration"] == it:
                 g["minutes"] = marks[-1]["minutes"]
             trainer.curve = curve = [c for c in curve if c["iteration"] < it] + [g]
