@@ -7,7 +7,7 @@ and smart sampling (dynamic sampling + init-state history, features.enable_smart
 runs/<run_name>/: TensorBoard logs, curve.json, success.png, rollout videos, checkpoints, final/, config.yaml.
 This is `make run`: a tiny pi0 SFT'd to a converged few-shot plateau on the arena (cached under runs/cache), then
 LOOP (algo.objective=ppo) and continued SFT from it side by side (baseline.sft, pi0.ript.sft_baseline), both scored
-on the same held-out episodes: success.png with both curves and summary.json. About 14 minutes on 2 CPU cores.
+on the same held-out episodes: success.png with both curves and summary.json. About 10 minutes on 2 CPU cores.
 
     .venv/bin/python 11_train_ript_vla_style.py                      # = make run
     torchrun --nproc_per_node=2 11_train_ript_vla_style.py --config_path debug_distributed_train

@@ -55,7 +55,8 @@ def entry_overrides(arm: str, entry: str) -> list[str]:
         if not ok or key in FIXED:
             allowed = ("algo.* (not its seed, iterations or evaluation), lr_schedule, warmup_iterations"
                        if arm == "rl" else "baseline.* (not baseline.sft)")
-            raise SystemExit(f"error: --{arm} entry {entry!r}: {key} is not the {arm} arm's to tune; allowed: {allowed}")
+            raise SystemExit(f"error: --{arm} entry {entry!r}: {key} is not the {arm} arm's to tune; "
+                             f"allowed: {allowed}")
     if not out:
         raise SystemExit(f"error: --{arm} entry {entry!r} sets nothing")
     return out

@@ -88,7 +88,8 @@ class SFTBaseline:
 
 def baseline_update(cfg: TrainConfig, policy: PI0Policy) -> PolicyUpdate:
     """The arm's optimizer over ``policy``: a fresh AdamW at ``baseline.sft_lr`` warmed up over
-    ``baseline.warmup_steps`` (``serve`` applies ``baseline.sft_schedule``), 32 windows a step, its flow noise and minibatch order seeded by ``algo.seed``."""
+    ``baseline.warmup_steps`` (``serve`` applies ``baseline.sft_schedule``), 32 windows a step, its flow noise and
+    minibatch order seeded by ``algo.seed``."""
     from pi0.ript.objectives import FlowMatchingObjective
     from pi0.ript.update import OptimizerConfig, PolicyUpdate
 
