@@ -74,7 +74,6 @@ ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_ste
                        "rl_schedule"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
-SCHEDULES = LR_SCHEDULES
 STAGES = ("start", "tune", "report", "select")
 
 
@@ -180,8 +179,8 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     if cfg.stage not in STAGES:
         raise SystemExit(f"error: --stage must be one of {STAGES}, got {cfg.stage!r}")
     for name in ("sft_schedule", "rft_schedule", "rl_schedule"):
-        if getattr(cfg, name) not in SCHEDULES:
-            raise SystemExit(f"error: --{name} must be one of {SCHEDULES}, got {getattr(cfg, name)!r}")
+        if getattr(cfg, name) not in LR_SCHEDULES:
+            raise SystemExit(f"error: --{name} must be one of {LR_SCHEDULES}, got {getattr(cfg, name)!r}")
     if not -1 <= cfg.sde_step < TinyArenaConfig.num_steps:
         raise SystemExit(f"error: --sde_step must be -1 (drawn) or a denoising step 0..{TinyArenaConfig.num_steps - 1} "
                          f"of the bench's {TinyArenaConfig.num_steps}-step policy, got {cfg.sde_step}")
@@ -216,8 +215,8 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             out[key] = kinds[key](value)
         except ValueError:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
-        if key.endswith("_schedule") and out[key] not in SCHEDULES:
-            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {SCHEDULES}")
+        if key.endswith("_schedule") and out[key] not in LR_SCHEDULES:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {LR_SCHEDULES}")
         if key == "sde_step" and not -1 <= out[key] < TinyArenaConfig.num_steps:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn) or a denoising step "
                              f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy")
@@ -404,8 +403,8 @@ def run_arm(cfg: Config) -> None:
         if "rollout/success_rate" in st and (len(log) == 1 or int(log[-1]["minutes"]) > int(log[-2]["minutes"])):
             print(f"[{arm}] {log[-1]['minutes']:.1f} min, iteration {len(log)}: rollout success "
                   f"{st['rollout/success_rate']:.2f}", flush=True)
-        if schedule == "cosine" and upd is not None:
-            upd.lr_scale = lr_scale_at("cosine", el / seconds)
+        if upd is not None:
+            upd.lr_scale = lr_scale_at(schedule, el / seconds)
         snaps.maybe(policy)
 
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)
