@@ -23,7 +23,9 @@ never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one
    (``8_train_with_epochs.py``), LIBERO when installed, else the arena.
 6. ``rl_throughput``: ``bench/rl_throughput.py``'s GPU row: RL iterations of full-size pi0 (random weights, bf16,
    ``trainable=expert``) on the arena at 224 px, 4 groups x 8 rollouts, today's path (eager Flow-SDE) against the
-   fast one (FastSampler under a CUDA graph) in one process: seconds per iteration, collection / update, the ratio.
+   fast one (FastSampler under a CUDA graph, the update on collection's prefix caches) and ``fast_encode`` (the
+   fast one whose update encodes the frozen prefix again) in one process: seconds per iteration, collection / update,
+   the ratio and ``reuse_update_ratio`` (fast_encode's update over fast's).
 
 The lent machine has its own Python with torch but no network: packages it lacks (omegaconf, gymnasium, ...) travel
 as wheels and the test fixtures as ``.shared/`` (``PI0_SHARED``); ``bench/gpu_wheels.sh`` prepares both. A step
@@ -228,7 +230,7 @@ def step_rl_throughput(a: argparse.Namespace, out: Path) -> dict[str, Any]:
              "56", "--minibatch_size", "4", "--iterations", "1", "--warmup", "0"] if a.dry_run else
             ["--random_init", "full", "--iterations", "3", "--warmup", "1"])
     cmd = [sys.executable, "bench/rl_throughput.py", "--env", "arena", "--trainable", "expert", "--device", a.device,
-           "--paths", "baseline,fast", "--json_out", str(out / "rl_throughput.json"), *size]
+           "--paths", "baseline,fast_encode,fast", "--json_out", str(out / "rl_throughput.json"), *size]
     rc, text, sec = run(cmd, a.budget("rl_throughput"), out / "rl_throughput.log")
     res: dict[str, Any] = {"status": status_of(rc, text), "seconds": sec}
     # the timed iterations only: the warm-up ones print nothing
@@ -241,6 +243,8 @@ def step_rl_throughput(a: argparse.Namespace, out: Path) -> dict[str, Any]:
                     f"{path}_update_s": round(mean[2], 2), f"{path}_iterations": len(rows)})
     if "baseline_iter_s" in res and "fast_iter_s" in res:
         res["ratio"] = round(res["baseline_iter_s"] / res["fast_iter_s"], 2)
+    if "fast_encode_update_s" in res and "fast_update_s" in res:  # algo.reuse_prefix: collection's prefix caches
+        res["reuse_update_ratio"] = round(res["fast_encode_update_s"] / res["fast_update_s"], 2)
     if rc == 0 and "fast_iter_s" not in res:
         res["status"] = "failed (no iteration logged)"
     return res
@@ -261,12 +265,12 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], dict[str, Any]]] = {
     "rl_throughput": step_rl_throughput,  # issue 38's GPU row
 }
 # seconds each step may take (the sampling steps compile the full model: about a minute each, and batch 64's first
-# compile ran past 95 s on an H200 on 2026-11-28, where Flow-SDE at batch 32 took 113 s); the whole list sums to
-# 1,200 s, over the lent machine's 10-minute command limit: a lease runs the steps it needs with --steps (the order
-# above is the priority), --budget overrides
+# compile ran past 95 s on an H200 on 2026-11-28, where Flow-SDE at batch 32 took 113 s; rl_throughput's two paths
+# took 128 s there, and it runs three since); the whole list sums to 1,260 s, over the lent machine's 10-minute
+# command limit: a lease runs the steps it needs with --steps (the order above is the priority), --budget overrides
 BUDGETS = {"cuda_tests": 150, "sampling_b1": 130, "sampling_b64": 150, "sampling_sde_b32": 120, "sampling_pi05_b1": 90,
            "sampling_b1_3cam": 80, "train_memory": 100, "eval_1env": 60, "eval_Nenv": 40, "rl_iteration": 40,
-           "rl_throughput": 240}
+           "rl_throughput": 300}
 
 
 DRY_RUN_BUDGET = 300.0  # seconds per step of --dry-run (tiny configs take 2-20 s idle, several times that under load)

@@ -10,8 +10,10 @@ after ``--warmup`` untimed ones:
   and with ``--trainable expert`` the update's joint pass over prefix and suffix (``cache_frozen_prefix=False``);
 * ``fast``: Flow-SDE through ``FastSampler`` (``algo.fast_sampling``), every group of an oversampled round in flight
   (``algo.oversample``; the first informative groups kept, the rest abandoned), MetaWorld's envs packed
-  ``envs_per_worker`` to a process over ``--workers`` processes, and the ``--trainable`` update (``expert``: the
-  frozen prefix runs without gradient, once per window and iteration, and only the expert is differentiated).
+  ``envs_per_worker`` to a process over ``--workers`` processes, and the ``--trainable`` update (``expert``: only
+  the expert is differentiated, on the prefix kv caches collection's sampler computed, ``algo.reuse_prefix``);
+* ``fast_encode``: ``fast`` with ``algo.reuse_prefix=false``: its update encodes the frozen prefix again, without
+  gradient, once per window and iteration (the fast path before collection's caches were reused).
 
 Reported per path: seconds per iteration (collection / update), episodes per minute (episodes of the groups the
 iteration used), decisions per second (observations through the policy per second of collection), update windows
@@ -69,7 +71,9 @@ class Config(rlb.Config):
 
     iterations: int = 20  # timed iterations per path
     warmup: int = 2  # untimed iterations per path first (caches, allocator, compile)
-    paths: str = "baseline,fast"  # which paths to run, in this order ("fast:<x>": the fast path at oversample x)
+    # which paths to run, in this order ("fast:<x>": the fast path at oversample x; "fast_encode[:<x>]": the fast path
+    # with algo.reuse_prefix=false, its update encoding a frozen prefix again instead of reusing collection's)
+    paths: str = "baseline,fast"
     baseline_num_envs: int = 0  # today's runner: 0 = arena num_groups x group_size in process, MetaWorld 2 workers
     json_out: str = ""  # write the results here as JSON too
     # a replay check for a speed change: a hash of every policy call's inputs and outputs and of the weights after
@@ -152,11 +156,14 @@ class CountingPolicy:
 RANDOM_INIT = ("", "full", "tiny")
 
 
-def rl_config(cfg: Config, fast: bool, oversample: float | None = None, policy: PI0Policy | None = None) -> RLConfig:
+def rl_config(cfg: Config, fast: bool, oversample: float | None = None, policy: PI0Policy | None = None,
+              reuse_prefix: bool = True) -> RLConfig:
     """The RL arm's settings (``rl_improvement.rl_config``), on today's path or the fast one (``oversample``:
-    instead of ``cfg.oversample``); a random-weight ``policy`` trains in its own dtype with every group kept."""
+    instead of ``cfg.oversample``; ``reuse_prefix``: ``algo.reuse_prefix``); a random-weight ``policy`` trains in its
+    own dtype with every group kept."""
     over = (cfg.oversample if oversample is None else oversample) if fast else 0.0
-    rl = dataclasses.replace(rlb.rl_config(cfg), oversample=over, fast_sampling=fast)
+    rl = dataclasses.replace(rlb.rl_config(cfg), oversample=over, fast_sampling=fast,
+                             reuse_prefix=fast and reuse_prefix)
     if cfg.random_init:
         bf16 = policy is not None and policy.config.model.dtype == "bfloat16"
         rl = dataclasses.replace(rl, dynamic_sampling=False, precision="bf16" if bf16 else "float32")
@@ -208,7 +215,7 @@ class BenchPath:
             baseline_runner(cfg, policy)
         _, _, train_states = rlb.splits(cfg)
         self.trainer = RIPTTrainer(policy, self.runner, InitStateSampler(train_states, seed=cfg.seed + 1),
-                                   rl_config(cfg, fast, oversample, policy))
+                                   rl_config(cfg, fast, oversample, policy, not name.startswith("fast_encode")))
         self.counting = CountingPolicy(self.trainer.rollouts.policy, trace, name)
         self.trace, self.iterations = trace, 0
         self.trainer.rollouts.policy = self.counting
@@ -288,10 +295,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the paths and print the table and the summary line."""
     cfg = parse_config(Config, list(sys.argv[1:] if argv is None else argv), __doc__)
     paths = [p for p in cfg.paths.split(",") if p]
-    bad = [p for p in paths if p != "baseline" and p.split(":")[0] != "fast"]
+    bad = [p for p in paths if p != "baseline" and p.split(":")[0] not in ("fast", "fast_encode")]
     if not paths or bad or len(set(paths)) != len(paths):
-        raise SystemExit(f"error: --paths takes baseline, fast and fast:<oversample> once each (comma-separated), "
-                         f"got {cfg.paths!r}")
+        raise SystemExit(f"error: --paths takes baseline, fast, fast:<oversample>, fast_encode and "
+                         f"fast_encode:<oversample> once each (comma-separated), got {cfg.paths!r}")
     for p in paths:
         if ":" in p:
             try:

@@ -28,8 +28,10 @@ def test_gpu_suite_dry_run(tmp_path):
         assert steps[name]["chunks_per_s"] > 0
     assert steps["eval_1env"]["episodes"] == steps["eval_Nenv"]["episodes"] == 2
     assert steps["rl_iteration"]["status"] == "ok" and "success" in steps["rl_iteration"]
-    rt = steps["rl_throughput"]  # one timed iteration per path, both read back from the log
-    assert rt["status"] == "ok" and rt["baseline_iterations"] == rt["fast_iterations"] == 1
+    rt = steps["rl_throughput"]  # one timed iteration per path, all read back from the log
+    assert rt["status"] == "ok"
+    assert rt["baseline_iterations"] == rt["fast_iterations"] == rt["fast_encode_iterations"] == 1
     assert rt["ratio"] == pytest.approx(rt["baseline_iter_s"] / rt["fast_iter_s"], abs=0.02)
+    assert rt["reuse_update_ratio"] == pytest.approx(rt["fast_encode_update_s"] / rt["fast_update_s"], abs=0.02)
     assert 0 < rt["fast_collect_s"] <= rt["fast_iter_s"] + 0.01
     assert "eval throughput: 2 envs / 1 env" in r.stdout  # the table

@@ -1,5 +1,6 @@
-"""A cheaper update with the same numbers: with trainable=expert the frozen prefix runs once per window and step, and
-the loss, the gradients and the trained weights equal the full joint pass's (float32)."""
+"""A cheaper update with the same numbers: with trainable=expert the frozen prefix runs once per window and step, or
+not at all when collection's sampler kept its kv caches (``algo.reuse_prefix``), and the loss, the gradients and the
+trained weights equal the full joint pass's (float32)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,23 @@ import pytest
 import torch
 
 from pi0.modeling_pi0 import default_norm_stats
-from pi0.ript.collection import RolloutGenerator, sde_collector
+from pi0.models.paligemma_with_expert import pack_kv_cache
+from pi0.ript.collection import PREFIX_KEYS, RolloutGenerator, sde_collector
 from pi0.ript.init_states import InitStateSampler
-from pi0.ript.objectives import FlowMatchingObjective, PPOObjective
-from pi0.ript.trainer import collection_windows
+from pi0.ript.objectives import FlowMatchingObjective, PPOObjective, stack_prefixes
+from pi0.ript.reward_function import BinarySuccessReward
+from pi0.ript.trainer import RIPTTrainer, RLConfig, collection_windows
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+
+
+def assert_same_training(a: dict, b: dict, start, atol: float) -> None:
+    """Two runs' trained parameters {name: tensor} agree within ``atol``, and some moved from ``start``'s."""
+    moved = 0
+    for n, p in a.items():
+        torch.testing.assert_close(p, b[n], atol=atol, rtol=1e-4)
+        moved += int(not torch.equal(p, dict(start.model.named_parameters())[n]))
+    assert moved > 0
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +124,7 @@ def test_update_with_epochs_trains_the_same_weights_and_frees_the_caches(policy_
         PolicyUpdate(objective, OptimizerConfig(lr=1e-3, epochs=3, minibatch_size=4), seed=0).step(ws)
         assert not any("_prefix" in w for w in ws)
         out.append(dict(pol.model.named_parameters()))
-    moved = 0
-    for n, p in out[0].items():
-        torch.testing.assert_close(p, out[1][n], atol=2e-5, rtol=1e-4)
-        moved += int(not torch.equal(p, dict(policy.model.named_parameters())[n]))
-    assert moved > 0
+    assert_same_training(out[0], out[1], policy, atol=2e-5)
 
 
 def test_no_cache_when_the_prefix_trains(policy_and_windows):
@@ -146,3 +154,129 @@ def test_warmup_and_lr_scale_shrink_the_first_adamw_steps(policy_and_windows):
     assert moves[0] == pytest.approx(1e-3, rel=0.05)
     assert moves[1] / moves[0] == pytest.approx(0.25, rel=0.05)
     assert moves[2] / moves[0] == pytest.approx(0.5, rel=0.05)
+
+
+# ------------------------------------------------------------------ collection's prefix caches, reused by the update
+def _batch(policy, windows):
+    b = FlowMatchingObjective.collate(FlowMatchingObjective(policy), windows)
+    return b["images"], b["img_masks"], b["lang_tokens"], b["lang_masks"], b["state"]
+
+
+@pytest.mark.parametrize("path", ["eager", "fast", "fast_unfused"])
+def test_sampler_returns_the_prefix_cache_of_encode_prefix(policy_and_windows, path):
+    """``sample_actions_sde(return_prefix=True)``: per sample, the valid keys/values equal ``encode_prefix``'s (the
+    fast sampler skips a camera masked in every sample and trims the prompt; those keys are masked in eager), and
+    the chain is the one the call returns without it."""
+    policy, windows = policy_and_windows
+    pol = copy.deepcopy(policy)
+    model = pol.model
+    if path != "eager":
+        model.enable_fast_sampling(fuse_layers=path == "fast")
+    images, img_masks, tokens, tok_masks, state = _batch(pol, windows[:5])
+    tok_masks = tok_masks.clone()
+    tok_masks[0, 3:] = False  # one prompt shorter than the rest
+    img_masks = [img_masks[0], torch.zeros_like(img_masks[1])]  # the wrist camera masked in every sample
+    noise = torch.randn(5, model.cfg.action_horizon, model.cfg.action_dim, generator=torch.Generator().manual_seed(1))
+    args = (images, img_masks, tokens, tok_masks, state, noise, 3, 1.0, 0)
+    out = model.sample_actions_sde(*args, generator=torch.Generator().manual_seed(2), return_prefix=True)
+    ref = model.sample_actions_sde(*args, generator=torch.Generator().manual_seed(2))
+    assert "prefix" not in ref and torch.equal(out["chain"], ref["chain"])
+    kv, pad = out["prefix"]
+    cache, ref_pad = model.encode_prefix(images, img_masks, tokens, tok_masks)
+    ref_kv = pack_kv_cache(cache)
+    depth, k2, hd = len(cache), 2 * model.cfg.paligemma.num_kv_heads, model.cfg.paligemma.head_dim
+    assert kv.shape[0] == 5 and kv.shape[1:2] + kv.shape[3:] == (depth, k2, hd) and pad.dtype == torch.bool
+    if path != "eager":
+        assert kv.shape[2] < ref_kv.shape[2]  # the masked camera's tokens are not in the fast sampler's cache
+    for j in range(5):
+        assert int(pad[j].sum()) == int(ref_pad[j].sum())
+        torch.testing.assert_close(kv[j][:, pad[j]], ref_kv[j][:, ref_pad[j]], atol=1e-5, rtol=1e-5)
+
+
+def test_stacked_prefixes_of_different_lengths_give_the_same_velocity(policy_and_windows):
+    """Right-padding caches to the longest one (``stack_prefixes``) leaves each sample's velocity as it is alone."""
+    policy, windows = policy_and_windows
+    model = policy.model
+    images, img_masks, tokens, tok_masks, state = _batch(policy, windows[:3])
+    with torch.no_grad():
+        prefixes = []
+        for j, n in enumerate((tokens.shape[1], 5, 9)):  # each sample's cache of another length
+            cache, pad = model.encode_prefix([im[j:j + 1] for im in images], [m[j:j + 1] for m in img_masks],
+                                             tokens[j:j + 1, :n], tok_masks[j:j + 1, :n])
+            prefixes.append((pack_kv_cache(cache)[0], pad[0]))
+        x = torch.randn(3, model.cfg.action_horizon, model.cfg.action_dim, generator=torch.Generator().manual_seed(3))
+        t = torch.full((3,), 0.7)
+        together = model.denoise_step(*stack_prefixes(prefixes), state, x, t)
+        for j, p in enumerate(prefixes):
+            alone = model.denoise_step(*stack_prefixes([p]), state[j:j + 1], x[j:j + 1], t[:1])
+            torch.testing.assert_close(together[j:j + 1], alone, atol=1e-5, rtol=1e-4)
+    assert len({p[1].shape[0] for p in prefixes}) == 3
+
+
+class AlternateReward(BinarySuccessReward):
+    """Rollout k of a group scores k % 2, so that every group has advantages +-0.5."""
+
+    def __call__(self, episode) -> float:
+        return float(episode.sample_index % 2)
+
+
+def _expert_trainer(policy, reuse: bool):
+    pol = copy.deepcopy(policy)
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    cfg = RLConfig(objective="ppo", trainable="expert", num_groups=2, group_size=2, dynamic_sampling=False,
+                   eval_every=0, reuse_prefix=reuse, opt=OptimizerConfig(minibatch_size=3, lr=1e-3, epochs=2))
+    return RIPTTrainer(pol, runner, InitStateSampler({4: [0, 1]}), cfg)
+
+
+@pytest.mark.parametrize("pi05", [False, True])
+def test_update_on_collection_prefixes_trains_the_same_weights(policy_and_windows, monkeypatch, pi05):
+    """trainable=expert: with ``algo.reuse_prefix`` the update never encodes a prefix (collection's caches serve it),
+    and the same collection gives the same losses and trained weights as encoding the prefix again; the caches are
+    released after the update. pi0.5: no state token in the cache, the time condition in the expert's norms."""
+    policy, _ = policy_and_windows
+    if pi05:
+        torch.manual_seed(0)
+        policy = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=2, action_horizon=4, n_action_steps=2,
+                                                   num_steps=3, pi05=True), default_norm_stats(8, 7))
+    runs = []
+    for reuse in (True, False):
+        tr = _expert_trainer(policy, reuse)
+        assert tr.rollouts.policy.record_prefix == reuse
+        calls = []
+        encode = tr.policy.model.encode_prefix
+        monkeypatch.setattr(tr.policy.model, "encode_prefix", lambda *a, **k: calls.append(1) or encode(*a, **k))
+        try:
+            seen = []
+            step = tr.update.step
+            tr.update.step = lambda ws, **k: seen.append(sum("_prefix" in w for w in ws)) or step(ws, **k)
+            tr.rollouts.reward = AlternateReward()  # the tiny start never succeeds; the loss needs advantages
+            st = tr.step()
+        finally:
+            tr.runner.close()
+        eps = [ep for g in tr.last_collection.groups for ep in g.episodes]
+        n_windows = sum(len(ep.decisions) for ep in eps)
+        assert st["train/windows"] == n_windows > 0 and st["train/steps"] > 0
+        assert seen == [n_windows if reuse else 0]
+        assert (not calls) == reuse  # reuse: no prefix pass in the update (collection's fast sampler made them)
+        assert not any(k.startswith("_prefix") for ep in eps for d in ep.decisions for k in d.extras)
+        runs.append((st, dict(tr.policy.model.named_parameters())))
+    (st_a, w_a), (st_b, w_b) = runs
+    assert st_a["rollout/success_rate"] == st_b["rollout/success_rate"]
+    for key in ("train/loss", "train/ratio_mean", "train/approx_kl"):
+        assert st_a[key] == pytest.approx(st_b[key], abs=1e-5, rel=1e-4)
+    # AdamW moves a near-zero gradient's weight by up to lr (1e-3) a step whatever its size, so float32 rounding of
+    # such a gradient can show as a few 1e-5: within a tenth of one step
+    assert_same_training(w_a, w_b, policy, atol=1e-4)
+
+
+def test_no_prefix_is_recorded_when_the_prefix_trains(policy_and_windows):
+    policy, _ = policy_and_windows
+    pol = copy.deepcopy(policy)
+    pol.model.set_trainable("all")
+    col = sde_collector(pol, 1.0, 0, torch.Generator().manual_seed(0), record_prefix=True)
+    runner = arena_runner(2, replan_steps=2, resolution=32, max_steps=4)
+    try:
+        eps = runner.run([(4, 0)], group_size=2, policy=col)
+    finally:
+        runner.close()
+    assert eps and not any(k in d.extras for ep in eps for d in ep.decisions for k in PREFIX_KEYS)

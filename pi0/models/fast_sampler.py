@@ -117,6 +117,7 @@ class _Buffers:
     cos: torch.Tensor | None = None  # fused: (B, Ha, N + 2K, H) RoPE tables of the action tokens (fused.rope_tables)
     sin: torch.Tensor | None = None
     step_args: tuple = ()
+    n_prefix: int = 0  # cache slots of the prefix proper (before pi0's state token) in the last encode
 
 
 class FastSampler:
@@ -334,6 +335,7 @@ class FastSampler:
                 for layer, (k, v) in enumerate(cache):
                     buf.k[layer][:, :n].copy_(k)
                     buf.v[layer][:, :n].copy_(v)
+        buf.n_prefix = pad.shape[1]
         buf.key_valid.zero_()
         buf.key_valid[:, :n].copy_(full_pad)
         h = m.cfg.action_horizon
@@ -374,6 +376,17 @@ class FastSampler:
             return []
         experts = m.paligemma_with_expert.experts
         return [experts[j].norm(h) for j, h in enumerate(hs)]
+
+    def prefix_cache(self, buf: _Buffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last encode's prefix cache (without pi0's state token), copied out of the static buffers -> (kv
+        packed as ``pack_kv_cache`` (B, depth, Tp, 2K, H), pad (B, Tp)). Tp counts live cameras and the trimmed
+        prompt only, so it can be shorter than ``PI0Model.encode_prefix``'s; the missing keys are masked there."""
+        n = buf.n_prefix
+        if self.fuse_layers:
+            kv = torch.stack([t[:, :n] for t in buf.kv], 1)
+        else:
+            kv = torch.stack([torch.cat([k[:, :n], v[:, :n]], 2) for k, v in zip(buf.k, buf.v)], 1)
+        return kv, buf.key_valid[:, :n].clone()
 
     def _get_buffers(self, b: int, cap: int, device: torch.device, dtype: torch.dtype) -> _Buffers:
         """Zero-initialised static buffers for (B, capacity) (masked slots must hold finite values)."""
@@ -615,10 +628,11 @@ class FastSampler:
     def sample_actions_sde(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                            lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, num_steps: int = 10,
                            noise_level: float = 0.5, sde_step: int | None = None,
-                           generator: torch.Generator | None = None, sde_kind: str = "flow_sde") -> dict[str, Any]:
+                           generator: torch.Generator | None = None, sde_kind: str = "flow_sde",
+                           return_prefix: bool = False) -> dict[str, Any]:
         """Same contract and numbers as ``PI0Model.sample_actions_sde`` (float32: within 1e-5), on the cached
         prefix and static buffers: noise (B,Ha,A) -> {"actions", "chain" (B,N+1,Ha,A), "sde_step", "log_prob"
-        (B,Ha,A)[, "value" (B,)]}.
+        (B,Ha,A)[, "value" (B,)][, "prefix": :meth:`prefix_cache` with ``return_prefix``]}.
 
         The generator is called as in eager (the step's randint when ``sde_step`` is None, then one (B,Ha,A)
         randn on the CPU), so one seed gives the same chunk on both paths. Under a CUDA graph the randn is drawn
@@ -641,13 +655,16 @@ class FastSampler:
             def body(buf: _Buffers, st: dict[str, Any], v: torch.Tensor | None) -> tuple:
                 chain, log_prob = self._sde_loop(buf, time_inputs, dt, sde_step,
                                                  (st["one_minus_t"], st["coef"], st["std"]), lambda: st["eps"])
-                return (chain, log_prob, v) if v is not None else (chain, log_prob)
+                return (chain, log_prob, *((v,) if v is not None else ()),
+                        *(self.prefix_cache(buf) if return_prefix else ()))
 
             out = self._call_graph(images, img_masks, lang_tokens, lang_masks, state, noise,
-                                   ("sde", num_steps, sde_step, want_value, id(time_inputs[0])), body,
+                                   ("sde", num_steps, sde_step, want_value, return_prefix, id(time_inputs[0])), body,
                                    value=want_value, extra=extra)
             if out is not None:
                 res = {"actions": out[0][:, -1], "chain": out[0], "sde_step": sde_step, "log_prob": out[1]}
+                if return_prefix:
+                    res["prefix"] = (out[-2], out[-1])
                 return {**res, "value": out[2]} if want_value else res
         value = None
         if self.model.cfg.value_head:
@@ -674,6 +691,8 @@ class FastSampler:
             out = self._sde_loop(buf, time_inputs, dt, sde_step, coefs, draw)
         chain, log_prob = out
         res = {"actions": chain[:, -1], "chain": chain, "sde_step": sde_step, "log_prob": log_prob}
+        if return_prefix:
+            res["prefix"] = self.prefix_cache(buf)
         return {**res, "value": value} if value is not None else res
 
     __call__ = sample_actions

@@ -19,6 +19,18 @@ from pi0.models.siglip import SiglipVisionTower
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v (B, S, K, H), after RoPE
 
 
+def pack_kv_cache(cache: KVCache) -> torch.Tensor:
+    """Per-layer k, v (B, S, K, H) -> one tensor (B, depth, S, 2K, H), keys then values (the fused sampler's layout),
+    so that a batch of caches slices per sample like any other array."""
+    return torch.stack([torch.cat([k, v], 2) for k, v in cache], 1)
+
+
+def unpack_kv_cache(packed: torch.Tensor) -> KVCache:
+    """Inverse of :func:`pack_kv_cache`: (B, depth, S, 2K, H) -> per-layer k, v (B, S, K, H) views."""
+    kv = packed.shape[3] // 2
+    return [(packed[:, i, :, :kv], packed[:, i, :, kv:]) for i in range(packed.shape[1])]
+
+
 class MultiModalProjector(nn.Module):
     """SigLIP width -> Gemma width (openpi's ``img/head`` Dense)."""
 

@@ -18,7 +18,7 @@ from pi0.models.config import Pi0Config
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
 from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_step_moments, sde_times
-from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert
+from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert, pack_kv_cache
 
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
 # and pi0's own small projections (openpi's nnx.Linear heads have no bf16 dtype, so they compute in float32).
@@ -398,13 +398,16 @@ class PI0Model(nn.Module):
     def sample_actions_sde(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                            lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, num_steps: int = 10,
                            noise_level: float = 0.5, sde_step: int | None = None,
-                           generator: torch.Generator | None = None, sde_kind: str = "flow_sde") -> dict[str, Any]:
+                           generator: torch.Generator | None = None, sde_kind: str = "flow_sde",
+                           return_prefix: bool = False) -> dict[str, Any]:
         """Flow-SDE sampling (``pi0.models.flow_sde``): Euler steps, except step ``sde_step`` k (default: drawn
         uniformly from 0..N-1 with ``generator``), a Gaussian transition of ``sde_kind`` (flow_sde, or cps: then
         k < N-1). noise (B,H,A) ->
         {"actions" (B,H,A), "chain" (B,N+1,H,A): x at t = 1, 1-1/N, ..., 0, "sde_step" k,
          "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise,
-         "value" (B,) the value head's V of the observation, with ``cfg.value_head``}.
+         "value" (B,) the value head's V of the observation, with ``cfg.value_head``,
+         with ``return_prefix``: "prefix" = (the prefix's kv cache packed (B, depth, Tp, 2K, H), its pad (B, Tp)),
+         what the update of a frozen prefix reuses instead of encoding it again (``predict_velocity(prefix=)``)}.
 
         as in RLinf's hybrid ODE/SDE sampler (one stochastic step per call, shared by the batch). With
         ``enable_fast_sampling`` the call goes through ``FastSampler.sample_actions_sde`` (same numbers and generator
@@ -412,7 +415,8 @@ class PI0Model(nn.Module):
         """
         if self.fast_sampler is not None:
             return self.fast_sampler.sample_actions_sde(images, img_masks, lang_tokens, lang_masks, state, noise,
-                                                        num_steps, noise_level, sde_step, generator, sde_kind)
+                                                        num_steps, noise_level, sde_step, generator, sde_kind,
+                                                        return_prefix)
         times = sde_times(num_steps)
         dt = 1.0 / num_steps
         sde_step = pick_sde_step(num_steps, sde_step, generator, sde_kind)
@@ -433,6 +437,8 @@ class PI0Model(nn.Module):
                 x = x - dt * v  # the deterministic Euler step (t decreasing)
             chain.append(x)
         out = {"actions": x, "chain": torch.stack(chain, 1), "sde_step": sde_step, "log_prob": log_prob}
+        if return_prefix:
+            out["prefix"] = (pack_kv_cache(kv_cache), prefix_pad)
         return {**out, "value": value} if value is not None else out
 
     def step_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,

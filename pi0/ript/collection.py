@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,13 +222,19 @@ class RolloutGenerator:
 class SDEChunkPolicy:
     """Batched ``ChunkPolicy`` that samples with Flow-SDE (``PI0Model.sample_actions_sde``) and records, per decision,
     what the PPO update needs: the denoising chain, the stochastic step and its elementwise log-density, beside the
-    observation extras of ``Pi0ChunkPolicy`` (client images, model-space state, prompt tokens)."""
+    observation extras of ``Pi0ChunkPolicy`` (client images, model-space state, prompt tokens).
+
+    ``record_prefix``: while the model's prefix is frozen (``PI0Model.caches_prefix``, ``trainable=expert``), each
+    decision also keeps the prefix's kv cache the sampler computed (``PREFIX_KEYS``: packed (depth, Tp, 2K, H) and
+    pad (Tp,), on the model's device), so that the update runs the action expert on it instead of encoding the
+    observation again (``PPOObjective.episode_windows``); :func:`release_prefixes` frees them."""
 
     def __init__(self, policy: Any, noise_level: float, generator: torch.Generator | None = None,
-                 sde_step: int | None = None, sde_kind: str = "flow_sde"):
+                 sde_step: int | None = None, sde_kind: str = "flow_sde", record_prefix: bool = False):
         self.policy, self.noise_level, self.generator = policy, float(noise_level), generator
         self.sde_step = sde_step  # the stochastic denoising step: None = drawn uniformly per call (RLinf), or fixed
         self.sde_kind = sde_kind  # the step's transition: "flow_sde" | "cps" (pi0.models.flow_sde)
+        self.record_prefix = bool(record_prefix)
 
     @torch.no_grad()
     def predict_chunks(self, obs: list[dict[str, np.ndarray]], prompts: list[str]) -> PolicyOutput:
@@ -237,20 +244,37 @@ class SDEChunkPolicy:
         inp = pol.prepare_inputs(observation)
         cfg = pol.config.model
         noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator).to(pol.device)
+        keep_prefix = self.record_prefix and pol.model.caches_prefix() and not (cfg.pi05 and cfg.value_head)
         rec = pol.model.sample_actions_sde(inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"],
                                            inp["state"], noise, pol.config.num_steps, self.noise_level,
-                                           sde_step=self.sde_step, generator=self.generator, sde_kind=self.sde_kind)
+                                           sde_step=self.sde_step, generator=self.generator, sde_kind=self.sde_kind,
+                                           return_prefix=keep_prefix)
         actions = pol.postprocess_actions(rec["actions"], inp["state"])
         extras = {**window_extras(arrays, inp["state"], inp["lang_tokens"], inp["lang_masks"]),
                   "chain": rec["chain"].cpu().numpy(), "sde_step": np.full(len(obs), rec["sde_step"]),
                   "log_prob": rec["log_prob"].cpu().numpy()}
         if "value" in rec:  # the value head's V of each observation (PPO's per-decision baseline)
             extras["value"] = rec["value"].cpu().numpy()
+        if keep_prefix:  # torch tensors on the model's device: the runner slices them per decision like the arrays
+            extras.update(zip(PREFIX_KEYS, rec["prefix"]))
         return PolicyOutput(actions=actions.numpy(), extras=extras)
 
 
+PREFIX_KEYS = ("_prefix_kv", "_prefix_pad")  # decision extras of SDEChunkPolicy(record_prefix=True)
+
+
+def release_prefixes(episodes: Sequence[Episode]) -> None:
+    """Drop the recorded prefix caches of ``episodes``' decisions (their memory back once the update used them)."""
+    for ep in episodes:
+        for d in ep.decisions:
+            for k in PREFIX_KEYS:
+                d.extras.pop(k, None)
+
+
 def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator,
-                  sde_kind: str = "flow_sde") -> SDEChunkPolicy:
+                  sde_kind: str = "flow_sde", record_prefix: bool = False) -> SDEChunkPolicy:
     """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call) and ``algo.sde_kind``,
-    shared by the RL arm and RFT so that both collect exactly alike."""
-    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step), sde_kind)
+    shared by the RL arm and RFT so that both collect exactly alike (``record_prefix``: the RL arm's frozen-prefix
+    caches for its update, ``SDEChunkPolicy``)."""
+    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step), sde_kind,
+                          record_prefix)

@@ -21,12 +21,15 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from pi0.models.flow import sample_time
 from pi0.models.flow_sde import masked_sum
+from pi0.models.paligemma_with_expert import pack_kv_cache, unpack_kv_cache
 from pi0.policies.normalize import normalize, unnormalize
 from pi0.policies.pi0 import PI0Policy
 from pi0.ript.algos.rloo import value_baselined_advantages
+from pi0.ript.collection import PREFIX_KEYS
 from pi0.rollout import Episode
 
 Window = dict[str, Any]
@@ -103,6 +106,17 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
     return loss, {"clip_frac": clip_frac, "ratio_mean": ratio.detach().mean().item(), "approx_kl": approx_kl}
 
 
+def stack_prefixes(prefixes: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device | str | None = None
+                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """Windows' prefix caches [(packed kv (depth, Tp_i, 2K, H), pad (Tp_i,))] -> (per-layer k, v (B, Tp, K, H), pad
+    (B, Tp)), each right-padded to the longest Tp with zero keys marked invalid: the suffix attends to valid keys
+    only and its positions count them (``PI0Model.denoise_step``), so the padding changes nothing."""
+    t = max(p[1].shape[0] for p in prefixes)
+    kv = torch.stack([F.pad(p[0], (0, 0, 0, 0, 0, t - p[0].shape[1])) for p in prefixes]).to(device)
+    pad = torch.stack([F.pad(p[1], (0, t - p[1].shape[0])) for p in prefixes]).to(device)
+    return unpack_kv_cache(kv), pad
+
+
 # ---------------------------------------------------------------------------------------------- objectives
 class FlowMatchingObjective:
     """pi0's flow-matching loss on windows (SFT / RFT); also builds windows from demos and rollouts and batches them."""
@@ -113,6 +127,8 @@ class FlowMatchingObjective:
     # ------------------------------------------------------------------ windows
     def _window(self, ex: dict[str, Any], actions: np.ndarray, mask: np.ndarray, advantage: float, step: int,
                 **more: Any) -> Window:
+        if all(k in ex for k in PREFIX_KEYS):  # collection's frozen-prefix cache (SDEChunkPolicy.record_prefix)
+            more["_prefix"] = tuple(ex[k] for k in PREFIX_KEYS)
         return dict(image=ex["image"], wrist_image=ex["wrist_image"], state=np.asarray(ex["state"], np.float32),
                     tokens=ex["tokenized_prompt"], token_mask=ex["tokenized_prompt_mask"], actions=actions,
                     action_mask=mask, label=float(advantage > 1e-9), advantage=float(advantage), step=step, **more)
@@ -156,25 +172,31 @@ class FlowMatchingObjective:
         return out
 
     # ------------------------------------------------------------------ frozen prefix, once per window
+    def serves_prefix(self) -> bool:
+        """Whether windows' prefix caches can stand in for the prefix pass: it is frozen and cached
+        (``PI0Model.caches_prefix``), and no pi0.5 value head reads its output."""
+        model = self.policy.model
+        return model.caches_prefix() and not (model.cfg.pi05 and model.cfg.value_head)
+
     def attach_prefixes(self, windows: Sequence[Window], batch_size: int = 32) -> bool:
         """With a frozen prefix (``trainable=expert``): run it once per window without gradient, in batches, and keep
-        its kv cache in the window ("_prefix"), so that every epoch's minibatches run the action expert only (the
-        same loss values: ``PI0Model.predict_velocity(prefix=)``). The caller detaches them after its update
-        (:meth:`detach_prefixes`), so a cache never outlives the weights it was made with. -> False (nothing
-        attached) when the prefix trains or a cache cannot serve this objective."""
-        model = self.policy.model
-        if not windows or not model.caches_prefix() or (model.cfg.pi05 and model.cfg.value_head):
+        its kv cache in the window ("_prefix": packed (depth, Tp, 2K, H), pad (Tp,)), so that every epoch's
+        minibatches run the action expert only (the same loss values: ``PI0Model.predict_velocity(prefix=)``).
+        Windows that already hold one (collection's, ``SDEChunkPolicy(record_prefix=True)``) keep it. The caller
+        detaches them after its update (:meth:`detach_prefixes`), so a cache never outlives the weights it was made
+        with. -> False (nothing attached) when the prefix trains or a cache cannot serve this objective."""
+        if not windows or not self.serves_prefix():
             return False
+        todo = [w for w in windows if "_prefix" not in w]
         with torch.no_grad():
-            for i in range(0, len(windows), batch_size):
-                chunk = windows[i: i + batch_size]
+            for i in range(0, len(todo), batch_size):
+                chunk = todo[i: i + batch_size]
                 b = FlowMatchingObjective.collate(self, chunk)
-                cache, pad = model.encode_prefix(b["images"], b["img_masks"], b["lang_tokens"], b["lang_masks"])
+                cache, pad = self.policy.model.encode_prefix(b["images"], b["img_masks"], b["lang_tokens"],
+                                                             b["lang_masks"])
+                packed = pack_kv_cache(cache)
                 for j, w in enumerate(chunk):
-                    w["_prefix"] = ([(k[j], v[j]) for k, v in cache], pad[j])
-        if len({tuple(w["_prefix"][1].shape) for w in windows}) != 1:  # prefixes of different lengths: no batching
-            self.detach_prefixes(windows)
-            return False
+                    w["_prefix"] = (packed[j], pad[j])
         return True
 
     @staticmethod
@@ -200,10 +222,8 @@ class FlowMatchingObjective:
                      lang_masks=st("token_mask", torch.bool), state=st("state", torch.float32),
                      actions=st("actions", torch.float32), action_mask=st("action_mask", torch.float32),
                      label=st("label", torch.float32), advantage=st("advantage", torch.float32))
-        if all("_prefix" in w for w in windows):  # the frozen prefix's kv caches (attach_prefixes), stacked
-            layers = zip(*[w["_prefix"][0] for w in windows])
-            batch["prefix"] = ([(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])) for kv in layers],
-                               torch.stack([w["_prefix"][1] for w in windows]))
+        if all("_prefix" in w for w in windows) and self.serves_prefix():
+            batch["prefix"] = stack_prefixes([w["_prefix"] for w in windows], dev)
         return batch
 
     def per_sample_flow_loss(self, batch: dict[str, torch.Tensor], condition: torch.Tensor | None,

@@ -28,7 +28,7 @@ from pi0.models.flow_sde import check_sde
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
-from pi0.ript.collection import Collection, RolloutGenerator, sde_collector
+from pi0.ript.collection import Collection, RolloutGenerator, release_prefixes, sde_collector
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
@@ -74,6 +74,11 @@ class RLConfig:
     # collection and evaluation sample through FastSampler (the same numbers as eager within 1e-5, cached prefix,
     # fused heads; pi0.models.fast_sampler); False: the eager reference sampler
     fast_sampling: bool = True
+    # ppo with a frozen prefix (trainable=expert): each decision keeps the prefix kv cache the sampler computed, and
+    # the update runs the action expert on it instead of encoding the observation again (the same loss within
+    # float32 rounding; tests/test_update_prefix_cache.py). Memory: depth x 2 x Tp x K x H per decision until the
+    # update (full-size pi0 in bf16: ~11 MB, kept on the model's device); false: the update encodes it again
+    reuse_prefix: bool = True
     eval_every: int = 1  # 0 = never
     eval_repeats: int = 1
     opt: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-5))  # RL steps are small (pi-RL, openpi)
@@ -147,7 +152,8 @@ class RIPTTrainer:
         self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
-        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator, cfg.sde_kind)
+        collector = (sde_collector(policy, cfg.noise_level, cfg.sde_step, self.generator, cfg.sde_kind,
+                                   record_prefix=cfg.reuse_prefix)
                      if cfg.objective == "ppo" else Pi0ChunkPolicy(policy, self.generator))
         if cfg.fast_sampling and not cfg.fsdp and policy.model.fast_sampler is None:
             policy.model.enable_fast_sampling()
@@ -197,8 +203,9 @@ class RIPTTrainer:
             col = self.rollouts.collect(cfg.num_groups, counter, cfg.num_groups * self.info.world_size)
         # 3. one window per decision point of each kept episode, labelled with its episode's advantage
         windows = collection_windows(self.objective, col)
-        # 4. the update (every rank joins, also with no windows)
+        # 4. the update (every rank joins, also with no windows); a frozen prefix runs on collection's caches
         upd = self.update.step(windows)
+        release_prefixes([ep for g in col.groups for ep in g.episodes])
         self.iteration += 1
         adv = np.concatenate([g.advantages for g in col.groups]) if col.groups else np.zeros(1)
         st = {"rollout/success_rate": col.success_rate, "rollout/frac_groups_kept": col.frac_kept,

@@ -191,9 +191,10 @@ class PolicyUpdate:
             self._template = self._gather_template()
         if max_steps is not None:
             n_steps = min(n_steps, max_steps)
-        # a frozen prefix (trainable=expert) runs once per window and step, not once per epoch (same loss values)
-        cached = (c.epochs > 1 and n_steps > 0 and not self.sharded
-                  and self.objective.attach_prefixes(windows, c.minibatch_size))
+        # a frozen prefix (trainable=expert) runs once per window and step, not once per epoch (same loss values);
+        # windows may already hold collection's (SDEChunkPolicy.record_prefix): then it does not run at all
+        if c.epochs > 1 and n_steps > 0 and not self.sharded:
+            self.objective.attach_prefixes(windows, c.minibatch_size)
         sums: dict[str, list[float]] = {}
         steps = skipped = 0
         for s in range(n_steps):
@@ -227,8 +228,7 @@ class PolicyUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.params:
             p.grad = None
-        if cached:
-            self.objective.detach_prefixes(windows)
+        self.objective.detach_prefixes(windows)  # a cache never outlives the weights it was made with
         model.train(was_training)
         self.num_skipped += skipped
         out = {k: float(np.mean(v)) for k, v in sums.items()}

@@ -149,7 +149,9 @@ class Episode:
             return {"obs": {}, "actions": np.zeros((0, 0, 0)), "valid": np.zeros((0, 0), bool),
                     "rewards": np.zeros((0, 0)), "steps": np.zeros((0,), np.int64), "extras": {}}
         obs_keys = set(ds[0].obs).intersection(*(d.obs.keys() for d in ds[1:]))
-        extra_keys = set(ds[0].extras).intersection(*(d.extras.keys() for d in ds[1:]))
+        # "_"-keys are in-memory caches (collection's prefix kv, on the model's device), not data
+        extra_keys = {k for k in set(ds[0].extras).intersection(*(d.extras.keys() for d in ds[1:]))
+                      if not k.startswith("_")}
         return {
             "obs": {k: np.stack([np.asarray(d.obs[k]) for d in ds]) for k in sorted(obs_keys)},
             "actions": np.stack([d.actions for d in ds]),
