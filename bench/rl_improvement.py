@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from pi0.evaluation.paired import paired_difference, per_task, rate_se as se  # noqa: E402
 from pi0.models.flow_sde import check_sde  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
+from pi0.models.pi0 import TRAINABLE  # noqa: E402
 from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
@@ -71,7 +72,7 @@ from pi0.utils.cli import parse_config  # noqa: E402
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
 ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
-                       "rl_schedule"),
+                       "rl_schedule", "trainable"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
@@ -217,6 +218,8 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
         if key.endswith("_schedule") and out[key] not in LR_SCHEDULES:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {LR_SCHEDULES}")
+        if key == "trainable" and out[key] not in TRAINABLE:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: trainable must be one of {TRAINABLE}")
         if key == "sde_step" and not -1 <= out[key] < TinyArenaConfig.num_steps:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn) or a denoising step "
                              f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy")

@@ -192,6 +192,9 @@ def test_tuned_settings_are_checked_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="sde_step must be -1 .drawn. or a denoising step 0..4"):
         bench.parse_entry("sde_step=9", "rl")  # the bench's policy takes 5 Euler steps
     assert bench.parse_entry("sde_step=4", "rl") == {"sde_step": 4}
+    assert bench.parse_entry("trainable=expert,lr=3e-5", "rl") == {"trainable": "expert", "lr": 3e-5}
+    with pytest.raises(SystemExit, match="trainable must be one of"):
+        bench.parse_entry("trainable=vlm", "rl")
     with pytest.raises(SystemExit, match="--sde_step must be"):
         bench.splits(cfg("--sde_step", "5"))
     with pytest.raises(SystemExit, match="sde kind must be one of"):

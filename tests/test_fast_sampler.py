@@ -216,6 +216,34 @@ def test_cuda_graph_flow_sde_matches_eager(pi05):
     assert len(fast._graphs) == 2
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("pi05", [False, True])
+def test_cuda_graph_flow_sde_returns_the_prefix_cache(pi05):
+    """The whole-call graph's ``return_prefix`` (what ``algo.reuse_prefix`` trains on): per sample, the valid keys and
+    values equal eager ``encode_prefix``'s, on every replay (fresh copy-out), and the chain is unchanged."""
+    from pi0.models.paligemma_with_expert import pack_kv_cache
+
+    m = _random_model("sdpa", pi05=pi05).cuda()
+    fast = FastSampler(m, cuda_graph=True)
+    for seed in range(2):
+        imgs, masks, tokens, tmask, state, noise = [[t.cuda() for t in x] if isinstance(x, list) else x.cuda()
+                                                     for x in _inputs(m.cfg, seed=seed)]
+        g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+        out = fast.sample_actions_sde(imgs, masks, tokens, tmask, state, noise, num_steps=5, noise_level=0.5,
+                                      sde_step=0, generator=g(), return_prefix=True)
+        ref = m.sample_actions_sde(imgs, masks, tokens, tmask, state, noise, num_steps=5, noise_level=0.5,
+                                   sde_step=0, generator=g())
+        assert fast.graph_error is None
+        torch.testing.assert_close(out["chain"], ref["chain"], atol=1e-4, rtol=0)
+        kv, pad = out["prefix"]
+        cache, ref_pad = m.encode_prefix(imgs, masks, tokens, tmask)
+        ref_kv = pack_kv_cache(cache)
+        for j in range(kv.shape[0]):
+            assert int(pad[j].sum()) == int(ref_pad[j].sum())
+            torch.testing.assert_close(kv[j][:, pad[j]], ref_kv[j][:, ref_pad[j]], atol=1e-4, rtol=1e-4)
+
+
 def test_policy_option_and_deepcopy():
     policy = tiny_policy(seed=3, num_steps=3)
     obs = synthetic_observation(policy, batch_size=2)

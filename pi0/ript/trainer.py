@@ -6,6 +6,7 @@ runs it directly).
     advantages RLOO within each group; dynamic sampling keeps the groups whose K rewards differ    -> algos/rloo.py
     windows    one training window per decision point of each kept episode, with its advantage   -> objectives.py
     update     epochs x minibatches of the objective (PPO-clipped LOOP, or CFGRL), ranks averaged -> update.py
+               (``reuse_prefix``: PPO runs a frozen prefix on the kv caches collection's sampler computed)
     evaluate   held-out success with openpi's deterministic Euler sampler (every ``eval_every``)
     checkpoint ``state_dict()`` of the trainer: optimizer, RNGs, sampler, history (train_loop)   -> checkpoint.py
 
