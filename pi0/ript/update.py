@@ -193,8 +193,8 @@ class PolicyUpdate:
             n_steps = min(n_steps, max_steps)
         # a frozen prefix (trainable=expert) runs once per window and step, not once per epoch (same loss values);
         # windows may already hold collection's (SDEChunkPolicy.record_prefix): then it does not run at all
-        if c.epochs > 1 and n_steps > 0 and not self.sharded:
-            self.objective.attach_prefixes(windows, c.minibatch_size)
+        cached = (c.epochs > 1 and n_steps > 0 and not self.sharded
+                  and self.objective.attach_prefixes(windows, c.minibatch_size))
         sums: dict[str, list[float]] = {}
         steps = skipped = 0
         for s in range(n_steps):
@@ -228,7 +228,8 @@ class PolicyUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.params:
             p.grad = None
-        self.objective.detach_prefixes(windows)  # a cache never outlives the weights it was made with
+        if cached:  # a cache never outlives the weights it was made with (collection's go with the windows)
+            self.objective.detach_prefixes(windows)
         model.train(was_training)
         self.num_skipped += skipped
         out = {k: float(np.mean(v)) for k, v in sums.items()}
