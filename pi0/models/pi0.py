@@ -119,6 +119,11 @@ class PI0Model(nn.Module):
         prefix is frozen and ``cache_frozen_prefix`` is on (off: the joint pass, the reference path)."""
         return self.cache_frozen_prefix and self.prefix_frozen()
 
+    def serves_cached_prefix(self) -> bool:
+        """True when a kv cache of the prefix (``encode_prefix``'s, or the sampler's at collection) can stand in for
+        the prefix pass in training: :meth:`caches_prefix`, and no pi0.5 value head reads the prefix's output."""
+        return self.caches_prefix() and not (self.cfg.pi05 and self.cfg.value_head)
+
     def set_gradient_checkpointing(self, on: bool = True) -> "PI0Model":
         """Recompute each SigLIP and Gemma layer in backward instead of keeping its activations (training memory)."""
         self.paligemma_with_expert.gradient_checkpointing = bool(on)

@@ -244,7 +244,7 @@ class SDEChunkPolicy:
         inp = pol.prepare_inputs(observation)
         cfg = pol.config.model
         noise = torch.randn(len(obs), cfg.action_horizon, cfg.action_dim, generator=self.generator).to(pol.device)
-        keep_prefix = self.record_prefix and pol.model.caches_prefix() and not (cfg.pi05 and cfg.value_head)
+        keep_prefix = self.record_prefix and pol.model.serves_cached_prefix()
         rec = pol.model.sample_actions_sde(inp["images"], inp["img_masks"], inp["lang_tokens"], inp["lang_masks"],
                                            inp["state"], noise, pol.config.num_steps, self.noise_level,
                                            sde_step=self.sde_step, generator=self.generator, sde_kind=self.sde_kind,

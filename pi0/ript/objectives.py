@@ -172,12 +172,6 @@ class FlowMatchingObjective:
         return out
 
     # ------------------------------------------------------------------ frozen prefix, once per window
-    def serves_prefix(self) -> bool:
-        """Whether windows' prefix caches can stand in for the prefix pass: it is frozen and cached
-        (``PI0Model.caches_prefix``), and no pi0.5 value head reads its output."""
-        model = self.policy.model
-        return model.caches_prefix() and not (model.cfg.pi05 and model.cfg.value_head)
-
     def attach_prefixes(self, windows: Sequence[Window], batch_size: int = 32) -> bool:
         """With a frozen prefix (``trainable=expert``): run it once per window without gradient, in batches, and keep
         its kv cache in the window ("_prefix": packed (depth, Tp, 2K, H), pad (Tp,)), so that every epoch's
@@ -185,7 +179,7 @@ class FlowMatchingObjective:
         Windows that already hold one (collection's, ``SDEChunkPolicy(record_prefix=True)``) keep it. The caller
         detaches them after its update (:meth:`detach_prefixes`), so a cache never outlives the weights it was made
         with. -> False (nothing attached) when the prefix trains or a cache cannot serve this objective."""
-        if not windows or not self.serves_prefix():
+        if not windows or not self.policy.model.serves_cached_prefix():
             return False
         todo = [w for w in windows if "_prefix" not in w]
         with torch.no_grad():
@@ -222,7 +216,7 @@ class FlowMatchingObjective:
                      lang_masks=st("token_mask", torch.bool), state=st("state", torch.float32),
                      actions=st("actions", torch.float32), action_mask=st("action_mask", torch.float32),
                      label=st("label", torch.float32), advantage=st("advantage", torch.float32))
-        if all("_prefix" in w for w in windows) and self.serves_prefix():
+        if all("_prefix" in w for w in windows) and self.policy.model.serves_cached_prefix():
             batch["prefix"] = stack_prefixes([w["_prefix"] for w in windows], dev)
         return batch
 

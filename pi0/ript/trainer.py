@@ -78,7 +78,7 @@ class RLConfig:
     # ppo with a frozen prefix (trainable=expert): each decision keeps the prefix kv cache the sampler computed, and
     # the update runs the action expert on it instead of encoding the observation again (the same loss within
     # float32 rounding; tests/test_update_prefix_cache.py). Memory: depth x 2 x Tp x K x H per decision until the
-    # update (full-size pi0 in bf16: ~11 MB, kept on the model's device); false: the update encodes it again
+    # update (full-size pi0 in bf16: ~10 MB, kept on the model's device); false: the update encodes it again
     reuse_prefix: bool = True
     eval_every: int = 1  # 0 = never
     eval_repeats: int = 1
