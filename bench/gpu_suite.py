@@ -25,7 +25,8 @@ never stops the others; the suite writes ``<out>/gpu_suite.json`` and prints one
    ``trainable=expert``) on the arena at 224 px, 4 groups x 8 rollouts, today's path (eager Flow-SDE) against the
    fast one (FastSampler under a CUDA graph, the update on collection's prefix caches) and ``fast_encode`` (the
    fast one whose update encodes the frozen prefix again) in one process: seconds per iteration, collection / update,
-   the ratio and ``reuse_update_ratio`` (fast_encode's update over fast's).
+   the ratio, ``reuse_update_ratio`` (fast_encode's update over fast's) and each path's peak memory over the models
+   the process holds (``<path>_peak_extra_gib``: the prefix caches show in fast's).
 
 The lent machine has its own Python with torch but no network: packages it lacks (omegaconf, gymnasium, ...) travel
 as wheels and the test fixtures as ``.shared/`` (``PI0_SHARED``); ``bench/gpu_wheels.sh`` prepares both. A step
@@ -241,6 +242,11 @@ def step_rl_throughput(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         mean = [sum(c) / len(rows) for c in zip(*rows)]
         res.update({f"{path}_iter_s": round(mean[0], 2), f"{path}_collect_s": round(mean[1], 2),
                     f"{path}_update_s": round(mean[2], 2), f"{path}_iterations": len(rows)})
+    table = out / "rl_throughput.json"
+    if table.is_file():  # CUDA: each path's peak memory over the models held (the prefix caches of reuse among it)
+        for path, r in json.loads(table.read_text())["results"].items():
+            if "peak_extra_gib" in r:
+                res[f"{path}_peak_extra_gib"] = round(r["peak_extra_gib"], 2)
     if "baseline_iter_s" in res and "fast_iter_s" in res:
         res["ratio"] = round(res["baseline_iter_s"] / res["fast_iter_s"], 2)
     if "fast_encode_update_s" in res and "fast_update_s" in res:  # algo.reuse_prefix: collection's prefix caches

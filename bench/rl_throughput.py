@@ -225,9 +225,15 @@ class BenchPath:
         """One RL iteration (recorded when ``timed``)."""
         c, cfg = self.counting, self.cfg
         calls0, rows0, pol0 = c.calls, c.rows, c.seconds
+        cuda = torch.device(cfg.device).type == "cuda"
+        if cuda:  # the iteration's own memory: its peak over what the paths' models already hold
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            held = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         st = self.trainer.step()
         wall = time.perf_counter() - t0
+        extra_gib = (torch.cuda.max_memory_allocated() - held) / 2**30 if cuda else 0.0
         if self.trace is not None:
             self.trace.append({"path": self.name, "kind": "weights", "index": self.iterations,
                                "weights": digest(dict(self.trainer.policy.model.state_dict()))})
@@ -239,7 +245,8 @@ class BenchPath:
                           "episodes": st["rollout/groups"] * cfg.group_size, "groups": st["rollout/groups"],
                           "kept": float(len(col.groups)), "windows": st["train/windows"],
                           "calls": float(c.calls - calls0), "decisions": float(c.rows - rows0),
-                          "policy_s": c.seconds - pol0, "success": st["rollout/success_rate"]})
+                          "policy_s": c.seconds - pol0, "success": st["rollout/success_rate"],
+                          "peak_extra_gib": extra_gib})
         print(f"[{self.name}] iteration {len(self.rows)}/{cfg.iterations}: {wall:.2f} s (collect "
               f"{st['time/rollout_s']:.2f}, update {st['time/update_s']:.2f}), {int(st['rollout/groups'])} groups "
               f"used, {len(col.groups)} kept, {int(self.rows[-1]['calls'])} policy calls", flush=True)
@@ -253,7 +260,9 @@ class BenchPath:
                 "decisions_per_s": s["decisions"] / s["rollout"], "policy_calls_per_iter": s["calls"] / n,
                 "policy_s_per_iter": s["policy_s"] / n, "windows_per_s": s["windows"] / s["update"],
                 "groups_per_iter": s["groups"] / n, "kept_per_iter": s["kept"] / n,
-                "rollout_success": s["success"] / n, "per_iteration": rows}
+                "rollout_success": s["success"] / n,
+                "peak_extra_gib": max(r["peak_extra_gib"] for r in rows),  # CUDA: peak over the models held
+                "per_iteration": rows}
 
 
 def write_trace(cfg: Config, trace: list[dict[str, Any]]) -> None:
@@ -330,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = run_paths(cfg, root, paths)
     cols = ("iter_s", "collect_s", "update_s", "episodes_per_min", "decisions_per_s", "windows_per_s",
             "policy_calls_per_iter", "groups_per_iter", "rollout_success")
+    cols += ("peak_extra_gib",) if torch.device(cfg.device).type == "cuda" else ()
     print("| path | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for p, r in results.items():

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import model_inputs
+from pi0.models.cuda_graphs import clone_outputs
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 from pi0.models.gemma import rms_normalize
 from pi0.models.fast_sampler import FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding
@@ -163,7 +164,7 @@ def test_cuda_graph_guard_on_cpu(model):
         FastSampler(model, cuda_graph=True)(*inp, num_steps=2)
     auto = FastSampler(model)  # cuda_graph=None: skipped on CPU
     auto(*inp, num_steps=2)
-    assert auto._graphs == {} and auto.graph_error is None
+    assert len(auto.graphs) == 0 and auto.graph_error is None
     with pytest.raises(ValueError, match="noise must be"):
         auto(*inp[:5], noise=torch.zeros(1, 2, 3))
     with pytest.raises(ValueError, match="backend must be one of"):
@@ -181,8 +182,8 @@ def test_cuda_graph_matches_eager(compile, scope):
     for seed in range(3):  # capture, then replays with fresh copy-in
         noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed)).cuda()
         out = fast(*inp[:5], noise=noise, num_steps=10)
-        assert fast.graph_error is None and len(fast._graphs) == 1
-        assert (next(iter(fast._graphs))[0] == "call") == (scope == "call")
+        assert fast.graph_error is None and len(fast.graphs) == 1
+        assert (next(iter(fast.graphs))[0] == "call") == (scope == "call")
         torch.testing.assert_close(out, m.sample_actions(*inp[:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
     images = [img.flip(-1) for img in inp[0]]  # new inputs of the same plan: the same graph, fresh copy-in
     torch.testing.assert_close(fast(images, *inp[1:5], noise=noise, num_steps=10),
@@ -191,12 +192,12 @@ def test_cuda_graph_matches_eager(compile, scope):
         m.action_time_mlp_in.bias.add_(0.3)
         m.paligemma_with_expert.paligemma.vision_tower.vision_model.post_layernorm.weight.mul_(1.5)
     out = fast(*inp[:5], noise=noise, num_steps=10)
-    assert len(fast._graphs) == 1
+    assert len(fast.graphs) == 1
     torch.testing.assert_close(out, m.sample_actions(*inp[:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
     other = [inp[1][0], inp[1][0], inp[1][0]]  # all three cameras live: another plan, another graph
     torch.testing.assert_close(fast(inp[0], other, *inp[2:5], noise=noise, num_steps=10),
                                m.sample_actions(inp[0], other, *inp[2:5], noise=noise, num_steps=10), atol=1e-4, rtol=0)
-    assert len(fast._graphs) == 2 and fast.graph_error is None
+    assert len(fast.graphs) == 2 and fast.graph_error is None
 
 
 @pytest.mark.cuda
@@ -213,7 +214,7 @@ def test_cuda_graph_flow_sde_matches_eager(pi05):
         assert fast.graph_error is None
         torch.testing.assert_close(out["chain"], ref["chain"], atol=1e-4, rtol=0)
         torch.testing.assert_close(out["log_prob"], ref["log_prob"], atol=1e-4, rtol=0)
-    assert len(fast._graphs) == 2
+    assert len(fast.graphs) == 2
 
 
 @pytest.mark.cuda
@@ -535,7 +536,8 @@ def test_whole_call_path_through_the_public_calls(model, pi05_model, pi05, monke
     fast = FastSampler(m)
     monkeypatch.setattr(fast, "_use_graph", lambda device: True)
     replayed: list[tuple] = []
-    monkeypatch.setattr(fast, "_replay", lambda key, loop: (replayed.append(key), loop())[1])
+    monkeypatch.setattr(fast, "_replay",  # the closure run where the graph would replay, its copy-out applied
+                        lambda key, loop, copy_out=clone_outputs: (replayed.append(key), copy_out(loop()))[1])
     for seed in range(2):
         nz = torch.randn(noise.shape, generator=torch.Generator().manual_seed(seed))
         out = fast(imgs, masks, tokens, tmask, state, noise=nz, num_steps=4)
@@ -549,4 +551,15 @@ def test_whole_call_path_through_the_public_calls(model, pi05_model, pi05, monke
         assert sde["sde_step"] == eager["sde_step"] and sde.keys() == eager.keys()
         for k in ("chain", "log_prob", "value") if pi05 else ("chain", "log_prob"):
             torch.testing.assert_close(sde[k], eager[k], atol=ATOL, rtol=0, msg=k)
-    assert [k[0] for k in replayed] == ["call"] * 4 and {k[3] for k in replayed} == {"ode", "sde"}
+        # the prefix cache comes out of the graph as views of the static buffers, packed by the copy-out
+        with_prefix = fast.sample_actions_sde(imgs, masks, tokens, tmask, state, nz, num_steps=4, noise_level=0.7,
+                                              generator=g(), return_prefix=True)
+        torch.testing.assert_close(with_prefix["chain"], eager["chain"], atol=ATOL, rtol=0)
+        kv, pad = with_prefix["prefix"]
+        ref_kv, ref_pad = m.sample_actions_sde(imgs, masks, tokens, tmask, state, nz, num_steps=4, noise_level=0.7,
+                                               generator=g(), return_prefix=True)["prefix"]
+        assert kv.shape[:2] == (2, m.cfg.paligemma.depth) and kv.shape[2] == pad.shape[1]
+        for j in range(2):
+            assert int(pad[j].sum()) == int(ref_pad[j].sum())
+            torch.testing.assert_close(kv[j][:, pad[j]], ref_kv[j][:, ref_pad[j]], atol=ATOL, rtol=0)
+    assert [k[0] for k in replayed] == ["call"] * 6 and {k[3] for k in replayed} == {"ode", "sde"}

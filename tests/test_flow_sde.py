@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from pi0.models.flow_sde import (check_sde, gaussian_log_prob, masked_sum, pick_sde_step, sde_step_moments,
-                                 sde_times)
+from pi0.models.flow_sde import (check_sde, gaussian_log_prob, masked_sum, pick_sde_step, sde_integrate,
+                                 sde_step_moments, sde_times)
 from pi0.policies.presets import synthetic_observation, tiny_policy
 from pi0.ript.objectives import clipped_surrogate
 
@@ -302,3 +302,29 @@ def test_ppo_collection_through_the_fast_sampler():
         assert upd["steps"] == 1 and abs(upd["ratio_mean"] - 1.0) < 1e-4 and upd["clip_frac"] == 0.0
     finally:
         runner.close()
+
+
+def test_sde_integrate_by_hand():
+    """v = 1 everywhere, N = 2 (dt 0.5), step 1 stochastic with (1 - t, coef, std) = (0.5, 0.1, 0.2) and eps = 1:
+    x1 = 1 - 0.5 = 0.5; mean = 0.5 - 0.5 - 0.1 (0.5 + 0.5) = -0.1; x2 = -0.1 + 0.2 = 0.1."""
+    calls: list[int] = []
+    draws: list[int] = []
+
+    def velocity(k, x):
+        calls.append(k)
+        return torch.ones_like(x)
+
+    def eps():
+        draws.append(1)
+        return torch.ones(1, 1, 1)
+
+    coefs = (torch.tensor(0.5), torch.tensor(0.1), torch.tensor(0.2))
+    chain, lp = sde_integrate(velocity, torch.ones(1, 1, 1), 2, 1, coefs, eps)
+    torch.testing.assert_close(chain.flatten(), torch.tensor([1.0, 0.5, 0.1]))
+    torch.testing.assert_close(lp.flatten(), torch.tensor([-0.5 - math.log(0.2) - 0.5 * math.log(2 * math.pi)]))
+    assert calls == [0, 1] and draws == [1]  # one velocity per step, one draw
+    # step 0 stochastic instead: mean = 1 - 0.5 - 0.1 (1 + 0.5) = 0.35, x1 = 0.55, then x2 = 0.55 - 0.5
+    chain0, _ = sde_integrate(velocity, torch.ones(1, 1, 1), 2, 0, coefs, eps)
+    torch.testing.assert_close(chain0.flatten(), torch.tensor([1.0, 0.55, 0.05]))
+    with pytest.raises(ValueError, match="sde_step must be in"):
+        sde_integrate(velocity, torch.ones(1, 1, 1), 2, 2, coefs, eps)

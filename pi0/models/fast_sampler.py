@@ -43,10 +43,11 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from pi0.models.attention import make_attn_mask, make_positions
+from pi0.models.cuda_graphs import GraphCache, clone_outputs
 from pi0.models.flow import euler_integrate, posemb_sincos
 from pi0.models.fused import (FusedWeights, _copy_into, adarms_modulations, cache_views, cast, fused_layer,
                               mask_bias, rms, rope_tables)
-from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_coefficients, sde_mean, sde_times
+from pi0.models.flow_sde import pick_sde_step, sde_coefficients, sde_integrate, sde_times
 
 BACKENDS = ("inductor", "aot_eager", "eager")
 GRAPH_SCOPES = ("call", "loop")
@@ -152,14 +153,16 @@ class FastSampler:
         self.compile_prefix = compile_prefix
         self._prefix_fns: tuple[Any, Any] | None = None
         self._buffers: dict[tuple, _Buffers] = {}
-        self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._consts: dict[tuple, dict[str, Any]] = {}
-        self._sde_statics: dict[tuple, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         # graph_scope "call": SigLIP + prefix + Euler loop in one CUDA graph; "loop": the Euler loop only
         self.graph_scope = graph_scope
-        self._call_statics: dict[tuple, dict[str, Any]] = {}  # whole-call graphs' static inputs, per graph key
-        self.graph_error: str | None = None  # why CUDA-graph capture fell back (call -> loop -> un-captured)
+        self.graphs = GraphCache(warmup)  # the captured graphs and their static inputs (pi0.models.cuda_graphs)
         self._param_ptrs: tuple[int, ...] = ()
+
+    @property
+    def graph_error(self) -> str | None:
+        """Why CUDA-graph capture fell back (call -> loop -> un-captured), or None."""
+        return self.graphs.error
 
     @property
     def fused(self) -> bool:
@@ -381,12 +384,23 @@ class FastSampler:
         """The last encode's prefix cache (without pi0's state token), copied out of the static buffers -> (kv
         packed as ``pack_kv_cache`` (B, depth, Tp, 2K, H), pad (B, Tp)). Tp counts live cameras and the trimmed
         prompt only, so it can be shorter than ``PI0Model.encode_prefix``'s; the missing keys are masked there."""
+        return self._pack_prefix(self._prefix_views(buf))
+
+    def _prefix_views(self, buf: _Buffers) -> tuple[torch.Tensor, ...]:
+        """The prefix cache where it lies in the static buffers: per layer (B, Tp, 2K, H) (fused: views; unfused:
+        keys and values concatenated), then the pad (B, Tp) (a view). Returned by a whole-call graph, so that its
+        copy-out (:meth:`_pack_prefix`) is the one copy of the cache."""
         n = buf.n_prefix
         if self.fuse_layers:
-            kv = torch.stack([t[:, :n] for t in buf.kv], 1)
+            layers = [t[:, :n] for t in buf.kv]
         else:
-            kv = torch.stack([torch.cat([k[:, :n], v[:, :n]], 2) for k, v in zip(buf.k, buf.v)], 1)
-        return kv, buf.key_valid[:, :n].clone()
+            layers = [torch.cat([k[:, :n], v[:, :n]], 2) for k, v in zip(buf.k, buf.v)]
+        return (*layers, buf.key_valid[:, :n])
+
+    @staticmethod
+    def _pack_prefix(views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_prefix_views` -> (kv (B, depth, Tp, 2K, H), pad (B, Tp)), fresh tensors."""
+        return torch.stack(views[:-1], 1), views[-1].clone()
 
     def _get_buffers(self, b: int, cap: int, device: torch.device, dtype: torch.dtype) -> _Buffers:
         """Zero-initialised static buffers for (B, capacity) (masked slots must hold finite values)."""
@@ -474,74 +488,48 @@ class FastSampler:
                 x = x + dt * v  # as in openpi pi0.py sample_actions: x_{t+dt} = x_t + dt * v_t
         return x
 
-    def _sde_loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], dt: float, sde_step: int,
+    def _sde_loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], num_steps: int, sde_step: int,
                   coefs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], eps: Callable[[], torch.Tensor]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Flow-SDE loop on static buffers: x (B,Ha,A) -> (chain (B,N+1,Ha,A), log_prob (B,Ha,A)).
-
-        as in PI0Model.sample_actions_sde: Euler steps x - dt v, except step ``sde_step``, a Gaussian
-        N(mean, std^2) with ``coefs`` = ``sde_coefficients`` of its time; ``eps()`` gives its (B,Ha,A) N(0,1) draw.
-        """
+        """The Flow-SDE loop on static buffers: x (B,Ha,A) -> (chain (B,N+1,Ha,A), log_prob (B,Ha,A)), by
+        ``flow_sde.sde_integrate`` (the eager sampler's loop) with ``coefs`` = ``sde_coefficients`` of step
+        ``sde_step``'s time and ``eps()`` its (B,Ha,A) N(0,1) draw."""
         w_x, steps = self._split(time_inputs)
-        x = buf.x
-        chain, log_prob = [x], x
-        for i, time_in in enumerate(steps):
-            with record_function(f"pi0.denoise_step_{i}"):
-                v = self._step_fn(x, time_in, w_x, *buf.step_args)
-                if i == sde_step:
-                    mean = sde_mean(x, v, dt, coefs[0], coefs[1])
-                    x = mean + coefs[2] * eps()
-                    log_prob = gaussian_log_prob(x, mean, coefs[2])
-                else:
-                    x = x - dt * v  # the deterministic Euler step (t decreasing)
-                chain.append(x)
-        return torch.stack(chain, 1), log_prob
 
-    def _replay(self, key: tuple, loop: Callable[[], Any]) -> Any:
-        """Run ``loop`` (tensors, or a tuple of them, from static buffers) as one CUDA graph, captured on first use
-        (warm-up on a side stream) -> cloned outputs; None if capture failed (the caller runs ``loop`` itself)."""
-        if key not in self._graphs:
-            try:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(self.warmup):  # compiles / autotunes outside the capture
-                        loop()
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = loop()
-                self._graphs[key] = (graph, out)
-            except Exception as e:  # noqa: BLE001 - a robot should keep acting on the un-captured loop
-                self.graph_error = f"{type(e).__name__}: {e}"
-                whole = key[0] == "call"
-                fallback = "the Euler loop graph" if whole else "the un-captured loop"
-                warnings.warn(f"CUDA graph capture failed, using {fallback}: {self.graph_error}")
-                if not whole:
-                    self.cuda_graph = False
-                try:
-                    torch.cuda.synchronize()  # drain what the failed capture left queued
-                except RuntimeError:
-                    pass
-                return None
-        graph, out = self._graphs[key]
-        graph.replay()
-        # copy-out: the next replay overwrites `out`
-        return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+        def velocity(k: int, x: torch.Tensor) -> torch.Tensor:
+            with record_function(f"pi0.denoise_step_{k}"):
+                return self._step_fn(x, steps[k], w_x, *buf.step_args)
+
+        return sde_integrate(velocity, buf.x, num_steps, sde_step, coefs, eps)
+
+    def _replay(self, key: tuple, loop: Callable[[], Any], copy_out: Callable[[Any], Any] = clone_outputs) -> Any:
+        """Run ``loop`` (tensors, or a tuple of them, from static buffers) as one CUDA graph (``self.graphs``),
+        captured on first use -> ``copy_out`` of its outputs (default: clones); None if capture failed (the caller runs
+        ``loop`` itself; a failed loop-only capture turns graphs off)."""
+        out = self.graphs.replay(key, loop, copy_out)
+        if out is None:
+            whole = key[0] == "call"
+            fallback = "the Euler loop graph" if whole else "the un-captured loop"
+            warnings.warn(f"CUDA graph capture failed, using {fallback}: {self.graph_error}")
+            if not whole:
+                self.cuda_graph = False
+        return out
 
     def _call_graph(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
                     lang_masks: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, tag: tuple,
                     body: Callable[[_Buffers, dict[str, Any], torch.Tensor | None], Any], value: bool = False,
-                    extra: dict[str, torch.Tensor] | None = None) -> Any:
-        """The whole call (SigLIP, prefix pass, cache set-up, ``body``'s loop) as ONE CUDA graph -> body's outputs,
-        cloned; None when capture failed (``graph_error`` says why; later calls capture the loop only).
+                    extra: dict[str, torch.Tensor] | None = None, copy_out: Callable[[Any], Any] = clone_outputs
+                    ) -> Any:
+        """The whole call (SigLIP, prefix pass, cache set-up, ``body``'s loop) as ONE CUDA graph -> ``copy_out`` of
+        body's outputs (default: clones); None when capture failed (``graph_error`` says why; later calls capture the
+        loop only).
 
         The graph of (batch, plan, ``tag``) is captured on first use and replayed after :meth:`call_fn`'s copy-in.
         """
         key, run = self.call_fn(images, img_masks, lang_tokens, lang_masks, state, noise, tag, body, value, extra)
-        if key not in self._graphs:
+        if key not in self.graphs:
             run()  # first call un-captured on this stream: allocates the static cache buffers outside the graph pool
-        out = self._replay(key, run)
+        out = self._replay(key, run, copy_out)
         if out is None:
             self.graph_scope = "loop"  # capture failed: keep graphing the Euler loop alone
         return out
@@ -564,12 +552,7 @@ class FastSampler:
                   **{f"image{i}": images[i] for i in live}, **{f"img_mask{i}": img_masks[i] for i in live},
                   **(extra or {})}
         key = ("call", state.shape[0], plan, *tag)
-        st = self._call_statics.get(key)
-        if st is None:  # static copies on the model's device (a graph cannot copy from pageable host memory)
-            st = self._call_statics[key] = {k: torch.empty(v.shape, dtype=v.dtype, device=dev)
-                                            for k, v in inputs.items()}
-        for k, v in inputs.items():  # copy-in
-            st[k].copy_(v)
+        st = self.graphs.copy_in(key, inputs, dev)
 
         def run() -> Any:
             cams = [st.get(f"image{i}") for i in range(len(images))]
@@ -593,7 +576,7 @@ class FastSampler:
             raise ValueError(f"noise must be {shape}, got {tuple(noise.shape)}")
         ptrs = tuple(p.data_ptr() for p in self.model.parameters())
         if ptrs != self._param_ptrs:  # weights re-allocated (.to(), p.data = ...): captured graphs are stale
-            self._graphs.clear()
+            self.graphs.clear()
             self._param_ptrs = ptrs
         if self.fuse_layers:  # fused weights follow the model's (an RL update between calls)
             if self._fw is None:
@@ -645,50 +628,43 @@ class FastSampler:
         use_graph = self._use_graph(state.device)
         time_inputs = self._time_inputs(times, state.shape[0], state.device)
         want_value = bool(self.model.cfg.value_head)
-        eps: torch.Tensor | None = None  # the step's N(0,1) draw, once per call whichever path computes it
+        coefs = sde_coefficients(times[sde_step], dt, noise_level, noise.to(state.device, torch.float32), sde_kind)
+        eps = torch.randn(noise.shape, generator=generator, device="cpu")  # the eager draw, on the CPU
+        draws = {"one_minus_t": coefs[0], "coef": coefs[1], "std": coefs[2], "eps": eps}
         if use_graph and self.graph_scope == "call":
-            coefs = sde_coefficients(times[sde_step], dt, noise_level, noise.to(state.device, torch.float32),
-                                     sde_kind)
-            eps = torch.randn(noise.shape, generator=generator, device="cpu")  # the eager draw, on the CPU
-            extra = {"one_minus_t": coefs[0], "coef": coefs[1], "std": coefs[2], "eps": eps}
-
             def body(buf: _Buffers, st: dict[str, Any], v: torch.Tensor | None) -> tuple:
-                chain, log_prob = self._sde_loop(buf, time_inputs, dt, sde_step,
+                chain, log_prob = self._sde_loop(buf, time_inputs, num_steps, sde_step,
                                                  (st["one_minus_t"], st["coef"], st["std"]), lambda: st["eps"])
+                # the prefix cache as views of the static buffers: copy_out below is its one copy
                 return (chain, log_prob, *((v,) if v is not None else ()),
-                        *(self.prefix_cache(buf) if return_prefix else ()))
+                        *(self._prefix_views(buf) if return_prefix else ()))
 
+            n_out = 3 if want_value else 2
+            copy_out = lambda out: (*clone_outputs(out[:n_out]),  # noqa: E731
+                                    *((self._pack_prefix(out[n_out:]),) if return_prefix else ()))
             out = self._call_graph(images, img_masks, lang_tokens, lang_masks, state, noise,
                                    ("sde", num_steps, sde_step, want_value, return_prefix, id(time_inputs[0])), body,
-                                   value=want_value, extra=extra)
+                                   value=want_value, extra=draws, copy_out=copy_out)
             if out is not None:
                 res = {"actions": out[0][:, -1], "chain": out[0], "sde_step": sde_step, "log_prob": out[1]}
                 if return_prefix:
-                    res["prefix"] = (out[-2], out[-1])
+                    res["prefix"] = out[-1]
                 return {**res, "value": out[2]} if want_value else res
         value = None
-        if self.model.cfg.value_head:
+        if want_value:
             buf, value = self.encode(images, img_masks, lang_tokens, lang_masks, state, value=True)
         else:
             buf = self.encode(images, img_masks, lang_tokens, lang_masks, state)
         buf.x.copy_(noise)  # copy-in
-        coefs = sde_coefficients(times[sde_step], dt, noise_level, buf.x, sde_kind)
-        if eps is None:
-            eps = torch.randn(buf.x.shape, generator=generator, device="cpu")
-        draw = lambda: eps.to(buf.x.device)  # noqa: E731
         out = None
-        if use_graph:
+        if use_graph:  # the Euler loop alone as a graph, one per stochastic step, on static copies of the draws
             key = (id(buf), id(time_inputs[0]), "sde", sde_step)
-            static = self._sde_statics.get(key)
-            if static is None:
-                static = self._sde_statics[key] = (tuple(c.clone() for c in coefs), torch.zeros_like(buf.x))
-            for dst, src in zip(static[0], coefs):
-                dst.copy_(src)
-            static[1].copy_(draw())
-            out = self._replay(key, lambda: self._sde_loop(buf, time_inputs, dt, sde_step, static[0],
-                                                           lambda: static[1]))
+            st = self.graphs.copy_in(key, draws, buf.x.device)
+            out = self._replay(key, lambda: self._sde_loop(buf, time_inputs, num_steps, sde_step,
+                                                           (st["one_minus_t"], st["coef"], st["std"]),
+                                                           lambda: st["eps"]))
         if out is None:
-            out = self._sde_loop(buf, time_inputs, dt, sde_step, coefs, draw)
+            out = self._sde_loop(buf, time_inputs, num_steps, sde_step, coefs, lambda: eps.to(buf.x.device))
         chain, log_prob = out
         res = {"actions": chain[:, -1], "chain": chain, "sde_step": sde_step, "log_prob": log_prob}
         if return_prefix:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import torch
 
@@ -118,6 +119,33 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     """Elementwise log N(x; mean, std^2) (same shape as x); a density, so it can exceed 0 for small std."""
     z = (x - mean) / std
     return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI
+
+
+def sde_integrate(velocity: Callable[[int, torch.Tensor], torch.Tensor], x: torch.Tensor, num_steps: int,
+                  sde_step: int, coefs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                  eps: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Flow-SDE chain from x (B,H,A) at t = 1: ``velocity(k, x_k)`` the model's v at step k's time (``sde_times``),
+    Euler steps x - dt v except step ``sde_step``, a draw from N(mean, std^2) with ``coefs`` = :func:`sde_coefficients`
+    of its time and ``eps()`` its (B,H,A) N(0,1) noise, called once -> (chain (B,N+1,H,A): x at t = 1, 1 - dt, ..., 0,
+    log_prob (B,H,A): log N(chain[:, k+1]; mean, std^2) of that step).
+
+    The one loop of both samplers (``PI0Model.sample_actions_sde``, ``FastSampler.sample_actions_sde``); as in
+    RLinf's hybrid ODE/SDE sampler, one stochastic step per call, shared by the batch.
+    """
+    dt = 1.0 / max(num_steps, 1)
+    chain, log_prob = [x], None
+    for k in range(num_steps):
+        v = velocity(k, x)
+        if k == sde_step:
+            mean = sde_mean(x, v, dt, coefs[0], coefs[1])
+            x = mean + coefs[2] * eps()
+            log_prob = gaussian_log_prob(x, mean, coefs[2])
+        else:
+            x = x - dt * v  # the deterministic Euler step (t decreasing)
+        chain.append(x)
+    if log_prob is None:
+        raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+    return torch.stack(chain, 1), log_prob
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,8 @@ from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.config import Pi0Config
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
-from pi0.models.flow_sde import gaussian_log_prob, pick_sde_step, sde_step_moments, sde_times
+from pi0.models.flow_sde import (gaussian_log_prob, pick_sde_step, sde_coefficients, sde_integrate, sde_step_moments,
+                                 sde_times)
 from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert, pack_kv_cache
 
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
@@ -427,21 +428,20 @@ class PI0Model(nn.Module):
         sde_step = pick_sde_step(num_steps, sde_step, generator, sde_kind)
         kv_cache, prefix_pad, p_out = self.encode_prefix(images, img_masks, lang_tokens, lang_masks, return_output=True)
         x = noise.float()
-        chain, log_prob, value = [x], None, None
-        for k, t in enumerate(times):
-            v, s_out = self.denoise_step(kv_cache, prefix_pad, state, x, torch.full((x.shape[0],), t, device=x.device),
-                                         return_suffix=True)
+        value = None
+
+        def velocity(k: int, x_k: torch.Tensor) -> torch.Tensor:
+            nonlocal value
+            t = torch.full((x_k.shape[0],), times[k], device=x_k.device)
+            v, s_out = self.denoise_step(kv_cache, prefix_pad, state, x_k, t, return_suffix=True)
             if k == 0 and self.cfg.value_head:
                 value = self.value_from(p_out, prefix_pad, s_out)
-            if k == sde_step:
-                mean, std = sde_step_moments(x, v, t, dt, noise_level, sde_kind)
-                eps = torch.randn(x.shape, generator=generator, device="cpu").to(x.device)
-                x = mean + std * eps
-                log_prob = gaussian_log_prob(x, mean, std)
-            else:
-                x = x - dt * v  # the deterministic Euler step (t decreasing)
-            chain.append(x)
-        out = {"actions": x, "chain": torch.stack(chain, 1), "sde_step": sde_step, "log_prob": log_prob}
+            return v
+
+        coefs = sde_coefficients(times[sde_step], dt, noise_level, x, sde_kind)
+        eps = lambda: torch.randn(x.shape, generator=generator, device="cpu").to(x.device)  # noqa: E731
+        chain, log_prob = sde_integrate(velocity, x, num_steps, sde_step, coefs, eps)
+        out = {"actions": chain[:, -1], "chain": chain, "sde_step": sde_step, "log_prob": log_prob}
         if return_prefix:
             out["prefix"] = (pack_kv_cache(kv_cache), prefix_pad)
         return {**out, "value": value} if value is not None else out
