@@ -72,10 +72,11 @@ class GraphCache:
                 self.graphs[key] = (graph, out)
             except Exception as e:  # noqa: BLE001 - the caller falls back to the un-captured path
                 self.error = f"{type(e).__name__}: {e}"
-                try:
-                    torch.cuda.synchronize()  # drain what the failed capture left queued
-                except RuntimeError:
-                    pass
+                if torch.cuda.is_available():
+                    try:
+                        torch.cuda.synchronize()  # drain what the failed capture left queued
+                    except RuntimeError:
+                        pass
                 return None
         graph, out = self.graphs[key]
         graph.replay()
