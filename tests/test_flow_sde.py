@@ -326,5 +326,7 @@ def test_sde_integrate_by_hand():
     # step 0 stochastic instead: mean = 1 - 0.5 - 0.1 (1 + 0.5) = 0.35, x1 = 0.55, then x2 = 0.55 - 0.5
     chain0, _ = sde_integrate(velocity, torch.ones(1, 1, 1), 2, 0, coefs, eps)
     torch.testing.assert_close(chain0.flatten(), torch.tensor([1.0, 0.55, 0.05]))
+    n_calls = len(calls)
     with pytest.raises(ValueError, match="sde_step must be in"):
         sde_integrate(velocity, torch.ones(1, 1, 1), 2, 2, coefs, eps)
+    assert len(calls) == n_calls  # refused before any velocity is computed

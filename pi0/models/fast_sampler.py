@@ -489,18 +489,19 @@ class FastSampler:
         return x
 
     def _sde_loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], num_steps: int, sde_step: int,
-                  coefs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], eps: Callable[[], torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  draws: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The Flow-SDE loop on static buffers: x (B,Ha,A) -> (chain (B,N+1,Ha,A), log_prob (B,Ha,A)), by
-        ``flow_sde.sde_integrate`` (the eager sampler's loop) with ``coefs`` = ``sde_coefficients`` of step
-        ``sde_step``'s time and ``eps()`` its (B,Ha,A) N(0,1) draw."""
+        ``flow_sde.sde_integrate`` (the eager sampler's loop) with ``draws``: the ``sde_coefficients`` of step
+        ``sde_step``'s time ("one_minus_t", "coef", "std") and its (B,Ha,A) N(0,1) draw "eps" (the call's tensors,
+        or a graph's static copies of them)."""
         w_x, steps = self._split(time_inputs)
 
         def velocity(k: int, x: torch.Tensor) -> torch.Tensor:
             with record_function(f"pi0.denoise_step_{k}"):
                 return self._step_fn(x, steps[k], w_x, *buf.step_args)
 
-        return sde_integrate(velocity, buf.x, num_steps, sde_step, coefs, eps)
+        coefs = (draws["one_minus_t"], draws["coef"], draws["std"])
+        return sde_integrate(velocity, buf.x, num_steps, sde_step, coefs, lambda: draws["eps"].to(buf.x.device))
 
     def _replay(self, key: tuple, loop: Callable[[], Any], copy_out: Callable[[Any], Any] = clone_outputs) -> Any:
         """Run ``loop`` (tensors, or a tuple of them, from static buffers) as one CUDA graph (``self.graphs``),
@@ -633,8 +634,7 @@ class FastSampler:
         draws = {"one_minus_t": coefs[0], "coef": coefs[1], "std": coefs[2], "eps": eps}
         if use_graph and self.graph_scope == "call":
             def body(buf: _Buffers, st: dict[str, Any], v: torch.Tensor | None) -> tuple:
-                chain, log_prob = self._sde_loop(buf, time_inputs, num_steps, sde_step,
-                                                 (st["one_minus_t"], st["coef"], st["std"]), lambda: st["eps"])
+                chain, log_prob = self._sde_loop(buf, time_inputs, num_steps, sde_step, st)
                 # the prefix cache as views of the static buffers: copy_out below is its one copy
                 return (chain, log_prob, *((v,) if v is not None else ()),
                         *(self._prefix_views(buf) if return_prefix else ()))
@@ -660,11 +660,9 @@ class FastSampler:
         if use_graph:  # the Euler loop alone as a graph, one per stochastic step, on static copies of the draws
             key = (id(buf), id(time_inputs[0]), "sde", sde_step)
             st = self.graphs.copy_in(key, draws, buf.x.device)
-            out = self._replay(key, lambda: self._sde_loop(buf, time_inputs, num_steps, sde_step,
-                                                           (st["one_minus_t"], st["coef"], st["std"]),
-                                                           lambda: st["eps"]))
+            out = self._replay(key, lambda: self._sde_loop(buf, time_inputs, num_steps, sde_step, st))
         if out is None:
-            out = self._sde_loop(buf, time_inputs, num_steps, sde_step, coefs, lambda: eps.to(buf.x.device))
+            out = self._sde_loop(buf, time_inputs, num_steps, sde_step, draws)
         chain, log_prob = out
         res = {"actions": chain[:, -1], "chain": chain, "sde_step": sde_step, "log_prob": log_prob}
         if return_prefix:

@@ -132,7 +132,9 @@ def sde_integrate(velocity: Callable[[int, torch.Tensor], torch.Tensor], x: torc
     The one loop of both samplers (``PI0Model.sample_actions_sde``, ``FastSampler.sample_actions_sde``); as in
     RLinf's hybrid ODE/SDE sampler, one stochastic step per call, shared by the batch.
     """
-    dt = 1.0 / max(num_steps, 1)
+    if not 0 <= sde_step < num_steps:  # before any velocity is computed
+        raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+    dt = 1.0 / num_steps
     chain, log_prob = [x], None
     for k in range(num_steps):
         v = velocity(k, x)
@@ -143,8 +145,6 @@ def sde_integrate(velocity: Callable[[int, torch.Tensor], torch.Tensor], x: torc
         else:
             x = x - dt * v  # the deterministic Euler step (t decreasing)
         chain.append(x)
-    if log_prob is None:
-        raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
     return torch.stack(chain, 1), log_prob
 
 
