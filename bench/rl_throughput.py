@@ -36,6 +36,15 @@ Random weights never succeed, so dynamic sampling is off there (every group is k
 iteration, not its learning) and no held-out evaluation runs:
 
     python bench/rl_throughput.py --random_init full --device cuda --trainable expert --iterations 3 --warmup 1
+
+How far an iteration is from what the machine can do: ``--count_flops`` runs one more iteration per path (after the
+trace and ``--final_eval``) with its arithmetic counted, collection and update apart (``torch.utils.flop_counter``:
+matrix products and convolutions, plus CPU attention's fused op, forward and backward), records the shape of every
+matrix product and runs each again alone on random operands. It prints GFLOP per iteration (per decision and per
+window, times the timed iterations' means), the rate the products ran at alone, the floor (the iteration's FLOPs at
+that rate) and the rate the policy calls and the update achieved:
+
+    .venv/bin/python bench/rl_throughput.py --env arena --iterations 12 --warmup 1 --count_flops
 """
 
 from __future__ import annotations
@@ -46,6 +55,9 @@ import json
 import os
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import partial
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +102,10 @@ class Config(rlb.Config):
     random_init: str = ""
     resolution: int = 0  # the envs' render size (0: 64 for the bench's start, the model's image size when random)
     max_steps: int = 0  # episode step cap (0: the env's own)
+    # after the timed iterations, one more per path with its arithmetic counted (matrix products, convolutions and
+    # attention, forward and backward) and the iteration's matrix products replayed alone at the same shapes: the
+    # seconds an iteration's arithmetic would take at the speed this machine runs those products (the floor)
+    count_flops: bool = False
 
 
 def digest(*parts: Any) -> str:
@@ -151,6 +167,79 @@ class CountingPolicy:
         self.calls += 1
         self.rows += len(obs)
         return out
+
+
+# --------------------------------------------------------------------------- arithmetic (--count_flops)
+MATMUL_OPS = ("mm", "addmm", "bmm")  # the matrix products recorded by shape and replayed alone
+
+
+def attention_flops(q_shape: Sequence[int], k_shape: Sequence[int]) -> int:
+    """Forward FLOPs of attention's two matrix products (Q K^T and P V): q (B, N, T, H), k (B, K, S, H) -> 4 B N T S H
+    (grouped keys serve every query head, so the query heads count)."""
+    b, n, t, h = q_shape
+    return 4 * b * n * t * k_shape[2] * h
+
+
+def matmul_flops(op: str, shapes: Sequence[Sequence[int]]) -> int:
+    """FLOPs of a matrix product from its operands' shapes: mm (M, K) @ (K, N) and addmm's two factors -> 2 M K N;
+    bmm (B, M, K) @ (B, K, N) -> 2 B M K N."""
+    if op == "bmm":
+        (b, m, k), (_, _, n) = shapes
+        return 2 * b * m * k * n
+    (m, k), (_, n) = shapes
+    return 2 * m * k * n
+
+
+class FlopMeter:
+    """Counts an iteration's arithmetic (``torch.utils.flop_counter`` plus CPU attention, forward and backward) and
+    records every matrix product's shapes, so that :meth:`replay_seconds` can time the same products alone."""
+
+    def __init__(self) -> None:
+        self.shapes: Counter = Counter()  # (op, operand shapes) -> calls
+
+        def product(op: str) -> Callable[..., int]:
+            def formula(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+                operands = tuple(tuple(a) for a in (args[1:3] if op == "addmm" else args[:2]))
+                self.shapes[(op, operands)] += 1
+                return matmul_flops(op, operands)
+            return formula
+
+        aten = torch.ops.aten
+        self.mapping: dict[Any, Callable[..., int]] = {getattr(aten, op): product(op) for op in MATMUL_OPS}
+        # CPU attention is one fused op that the counter does not know: its products, forward and backward (dQ, dK,
+        # dV and dP: twice the forward's)
+        self.mapping[aten._scaled_dot_product_flash_attention_for_cpu] = \
+            lambda q, k, *a, out_shape=None, **kw: attention_flops(q, k)
+        self.mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
+            lambda g, q, k, *a, out_shape=None, **kw: 2 * attention_flops(q, k)
+
+    def count(self) -> Any:
+        """A FlopCounterMode over this meter's formulas (``with meter.count() as m: ...; m.get_total_flops()``)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        return FlopCounterMode(display=False, custom_mapping=self.mapping)
+
+    def replay_seconds(self, device: str = "cpu", dtype: torch.dtype = torch.float32, reps: int = 3
+                       ) -> tuple[float, int]:
+        """(seconds, FLOPs) of every recorded matrix product run again alone on random operands (the best of ``reps``
+        timings per shape, times its call count)."""
+        seconds, flops = 0.0, 0
+        for (op, operands), calls in self.shapes.items():
+            args = [torch.randn(s, device=device, dtype=dtype) for s in operands]
+            fn = partial(torch.addmm, torch.randn(operands[1][1], device=device, dtype=dtype)) if op == "addmm" \
+                else getattr(torch, op)
+            best = float("inf")
+            for _ in range(reps + 1):  # the first call warms the allocator and the kernel's choice
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(*args)
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            seconds += best * calls
+            flops += matmul_flops(op, operands) * calls
+        return seconds, flops
 
 
 RANDOM_INIT = ("", "full", "tiny")
@@ -251,6 +340,37 @@ class BenchPath:
               f"{st['time/rollout_s']:.2f}, update {st['time/update_s']:.2f}), {int(st['rollout/groups'])} groups "
               f"used, {len(col.groups)} kept, {int(self.rows[-1]['calls'])} policy calls", flush=True)
 
+    def count_iteration(self) -> dict[str, float]:
+        """``--count_flops``: one more iteration with collection's and the update's arithmetic counted apart and the
+        matrix products replayed alone -> FLOPs and replay seconds per decision and per window."""
+        tr, meters, flops = self.trainer, {"collect": FlopMeter(), "update": FlopMeter()}, {}
+
+        def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                with meters[name].count() as mode:
+                    out = fn(*args, **kwargs)
+                flops[name] = mode.get_total_flops()
+                return out
+            return run
+
+        rows0 = self.counting.rows
+        tr.rollouts.collect = counted("collect", tr.rollouts.collect)  # instance attributes over the methods
+        tr.update.step = counted("update", tr.update.step)
+        try:
+            st = tr.step()
+        finally:
+            del tr.rollouts.collect, tr.update.step
+        n = {"collect": max(1, self.counting.rows - rows0), "update": max(1.0, st["train/windows"])}
+        dtype = torch.bfloat16 if tr.policy.config.model.dtype == "bfloat16" else torch.float32
+        out = {}
+        for name, meter in meters.items():
+            replay_s, replay_flops = meter.replay_seconds(self.cfg.device, dtype)
+            per = "decision" if name == "collect" else "window"
+            out[f"flops_per_{per}"] = flops.get(name, 0) / n[name]
+            out[f"matmul_flops_per_{per}"] = replay_flops / n[name]
+            out[f"matmul_replay_s_per_{per}"] = replay_s / n[name]
+        return out
+
     def summary(self) -> dict[str, Any]:
         """Means over the timed iterations."""
         rows, n = self.rows, len(self.rows)
@@ -263,6 +383,34 @@ class BenchPath:
                 "rollout_success": s["success"] / n,
                 "peak_extra_gib": max(r["peak_extra_gib"] for r in rows),  # CUDA: peak over the models held
                 "per_iteration": rows}
+
+
+def arithmetic(summary: dict[str, Any], counted: dict[str, float]) -> dict[str, float]:
+    """A path's timed means + its counted iteration -> GFLOP per iteration (collection, update), the rate the model
+    ran at (FLOPs over the seconds of policy calls and update) and the floor: the iteration's FLOPs at the rate its
+    own matrix products ran alone."""
+    rows, n = summary["per_iteration"], summary["iterations"]
+    decisions = sum(r["decisions"] for r in rows) / n
+    windows = sum(r["windows"] for r in rows) / n
+    collect = counted["flops_per_decision"] * decisions
+    update = counted["flops_per_window"] * windows
+    replay_s = counted["matmul_replay_s_per_decision"] * decisions + counted["matmul_replay_s_per_window"] * windows
+    replay_flops = counted["matmul_flops_per_decision"] * decisions + counted["matmul_flops_per_window"] * windows
+    rate = replay_flops / replay_s if replay_s > 0 else float("nan")
+    model_s = summary["policy_s_per_iter"] + summary["update_s"]
+    return {**counted, "gflop_collect": collect / 1e9, "gflop_update": update / 1e9,
+            "gflop_iter": (collect + update) / 1e9, "matmul_gflops_alone": rate / 1e9,
+            "floor_s": (collect + update) / rate if rate == rate else float("nan"),
+            "model_s": model_s, "model_gflops": (collect + update) / model_s / 1e9 if model_s else float("nan")}
+
+
+def arithmetic_line(name: str, a: dict[str, float]) -> str:
+    """One line of ``--count_flops`` results."""
+    return (f"[{name}] arithmetic per iteration: {a['gflop_iter']:.2f} GFLOP (collection {a['gflop_collect']:.2f}: "
+            f"{a['flops_per_decision'] / 1e6:.1f} MFLOP a decision; update {a['gflop_update']:.2f}: "
+            f"{a['flops_per_window'] / 1e6:.1f} MFLOP a window). Its matrix products alone run at "
+            f"{a['matmul_gflops_alone']:.1f} GFLOP/s, so the arithmetic takes at least {a['floor_s']:.2f} s; the "
+            f"policy calls and the update took {a['model_s']:.2f} s ({a['model_gflops']:.1f} GFLOP/s)")
 
 
 def write_trace(cfg: Config, trace: list[dict[str, Any]]) -> None:
@@ -294,6 +442,10 @@ def run_paths(cfg: Config, root: Path | None, names: list[str]) -> dict[str, dic
                 out[p.name]["held_out"] = {"success": rate, "se": rlb.se(rate, len(held)), "states": len(held)}
                 print(f"[{p.name}] held-out success after {cfg.iterations + cfg.warmup} iterations: {rate:.3f} "
                       f"+- {rlb.se(rate, len(held)):.3f} ({len(held)} states)", flush=True)
+        if cfg.count_flops:  # after the trace and the evaluation: an extra iteration that neither sees
+            for p in paths:
+                out[p.name]["arithmetic"] = arithmetic(out[p.name], p.count_iteration())
+                print(arithmetic_line(p.name, out[p.name]["arithmetic"]), flush=True)
     finally:
         for p in paths:
             p.runner.close()
