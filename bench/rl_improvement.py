@@ -68,6 +68,7 @@ from pi0.ript.update import LR_SCHEDULES, OptimizerConfig, PolicyUpdate, lr_scal
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
+from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges by)
 
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
@@ -593,7 +594,7 @@ def main(argv: list[str] | None = None) -> dict:
               "before_outcomes": before_out.astype(int).tolist(),
               "minutes": minutes, "arms": arms, "total_minutes": (time.perf_counter() - t_all) / 60,
               "load_before": load0, "load_after": os.getloadavg(),
-              "goal_met": bool(after >= 0.8 and diff["mean"] >= 0.15 and diff["mean"] >= 3 * diff["se"])}
+              "goal_met": goal_met(cfg.env, cfg.minutes, before, after, diff["mean"], diff["se"])}
     (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
     if len(cfg.task) > 1:  # a task solved (or never solved) from the start hides in the mean
         for t, r in per_task(cfg.task, cfg.eval_states, {"before": before_out.tolist(), **outcomes}).items():

@@ -42,6 +42,22 @@ def test_curve_subset_takes_the_first_states_of_each_task():
     assert curve_subset(Config(task=[1, 2], eval_start=10, eval_states=4), held) == held  # 0: all of them
 
 
+def test_goal_met_by_hand_and_only_within_the_goal_budget():
+    from rl_table import goal_met
+
+    # arena: RL >= 0.8 and >= best + 0.15, 3 paired SE above 0, in at most 20 minutes per arm
+    assert goal_met("arena", 20, before=0.41, after=0.80, diff=0.15, diff_se=0.04)
+    assert not goal_met("arena", 20, before=0.41, after=0.79, diff=0.30, diff_se=0.02)  # below 0.8
+    assert not goal_met("arena", 20, before=0.41, after=0.90, diff=0.14, diff_se=0.02)  # lead under 0.15
+    assert not goal_met("arena", 20, before=0.41, after=0.90, diff=0.20, diff_se=0.07)  # under 3 SE
+    assert not goal_met("arena", 60, before=0.41, after=0.877, diff=0.398, diff_se=0.026)  # three times the budget
+    # MetaWorld: RL >= start + 0.2 and >= best + 0.1, in at most 40 minutes per arm
+    assert goal_met("metaworld", 40, before=0.3, after=0.5, diff=0.1, diff_se=0.05)
+    assert not goal_met("metaworld", 40, before=0.3, after=0.49, diff=0.2, diff_se=0.01)
+    assert not goal_met("metaworld", 40, before=0.3, after=0.6, diff=0.09, diff_se=0.01)
+    assert not goal_met("metaworld", 60, before=0.3, after=0.6, diff=0.2, diff_se=0.01)
+
+
 def test_next_num_demos_moves_n_toward_the_plateau_band():
     from rl_improvement import next_num_demos
 
@@ -225,7 +241,7 @@ def _report(seed: int, rl: list[int], sft: list[int], tuned: bool = True) -> dic
     from pi0.evaluation.paired import paired_difference
 
     d = dict(zip(("mean", "se"), paired_difference(rl, sft)))
-    return {"config": {"env": "arena", "task": [4], "seed": seed}, "tuned": {"rl": "lr=1e-5"} if tuned else "",
+    return {"config": {"env": "arena", "task": [4], "seed": seed, "minutes": 20.0}, "tuned": {"rl": "lr=1e-5"} if tuned else "",
             "start": {"demos": 200, "steps": 5500, "plateau": 0.39}, "before": 0.3, "after": float(np.mean(rl)),
             "sft": float(np.mean(sft)), "rft": 0.0, "paired": {"rl-sft": d}, "baseline": "sft",
             "rl_iterations": 400, "minutes": 20.0, "load_before": [2.0], "load_after": [3.0], "goal_met": False}
@@ -266,6 +282,14 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     text = table_main([str(paths[0]), str(paths[1]), str(tmp_path / "e.json")])
     assert "arena task 4: 2 independent runs: mean RL − best baseline +0.375 ± 0.125" in text
     assert "arena task 1: 1 independent run: RL − best baseline -0.250" in text
+    # the goal column judges each report by its env's goal at its budget: seed 1 (RL 1.0, +0.5 ± 0.289) is under 3 SE
+    strong = _report(3, [1] * 40, [0] * 40)  # RL 1.0, +1.000 ± 0.000: met in 20 minutes per arm, not in 60
+    (tmp_path / "f.json").write_text(json.dumps(strong))
+    strong["config"].update(seed=4, minutes=60.0)
+    (tmp_path / "g.json").write_text(json.dumps(strong))
+    rows = [r for r in table_main([str(tmp_path / "f.json"), str(tmp_path / "g.json")]).splitlines()
+            if r.startswith("| arena")]
+    assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["yes", "no"]
 
 
 def test_rl_table_splits_a_multi_task_report_by_task(tmp_path):
