@@ -127,11 +127,12 @@ def table(reports: dict[str, dict], selected: dict[str, dict | None] | None = No
                         f"{sd['mean']:+.3f} ± {sd['se']:.3f} ({sel['baseline'].upper()})")
         else:
             sel_cell = "-"
+        met = goal_met(c["env"], c["minutes"], rep["before"], rep["after"], d["mean"], d["se"])  # not the stored flag
         rows.append(f"| {c['env']} | {','.join(map(str, c['task']))} | {c['seed']} | {st['demos']} | {st['steps']} | "
                     f"{st['plateau']:.3f} | {rep['before']:.3f} | {rep['after']:.3f} | {rep['sft']:.3f} | "
                     f"{rep['rft']:.3f} | {d['mean']:+.3f} ± {d['se']:.3f} ({rep['baseline'].upper()}) | "
                     f"{sel_cell} | {rep['rl_iterations']} | {rep['minutes']:.1f} | {rep['load_before'][0]:.1f} → "
-                    f"{rep['load_after'][0]:.1f} | {'yes' if goal_met(c['env'], c['minutes'], rep['before'], rep['after'], d['mean'], d['se']) else 'no'} |")
+                    f"{rep['load_after'][0]:.1f} | {'yes' if met else 'no'} |")
     rows.append("")
     for group, ds in diffs.items():
         where = f"{group[0]} task {','.join(map(str, group[1]))}: " if len(diffs) > 1 else ""

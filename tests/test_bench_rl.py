@@ -241,7 +241,8 @@ def _report(seed: int, rl: list[int], sft: list[int], tuned: bool = True) -> dic
     from pi0.evaluation.paired import paired_difference
 
     d = dict(zip(("mean", "se"), paired_difference(rl, sft)))
-    return {"config": {"env": "arena", "task": [4], "seed": seed, "minutes": 20.0}, "tuned": {"rl": "lr=1e-5"} if tuned else "",
+    return {"config": {"env": "arena", "task": [4], "seed": seed, "minutes": 20.0},
+            "tuned": {"rl": "lr=1e-5"} if tuned else "",
             "start": {"demos": 200, "steps": 5500, "plateau": 0.39}, "before": 0.3, "after": float(np.mean(rl)),
             "sft": float(np.mean(sft)), "rft": 0.0, "paired": {"rl-sft": d}, "baseline": "sft",
             "rl_iterations": 400, "minutes": 20.0, "load_before": [2.0], "load_after": [3.0], "goal_met": False}
