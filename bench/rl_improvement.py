@@ -7,8 +7,10 @@ Protocol:
    first is an error unless ``--no-require_convergence``; rerun with a higher cap and the start resumes from its last
    check). Cached by config hash. A plateau
    outside ``--plateau_band`` (0.15-0.5) scales N by 0.75 (above) or 4/3 (below) and retrains, at most 3 times.
-2. Arms, each in its own process from the same start, side by side (they share the machine's 2 cores equally), each
-   for ``--minutes`` of wall-clock: ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
+2. Arms, each in its own process from the same start, each for ``--minutes`` of wall-clock, either side by side
+   (``--arm_schedule side_by_side``: they share the machine's 2 cores, about 2/3 of a core each) or each pinned to a
+   core of its own (``core_each``: RL and SFT at once, then RFT; an arm runs one torch thread, and a second thread
+   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
    (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts, collected
    as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
    checkpoints along its budget and evaluates them afterwards (the intermediate ones on the first ``--curve_states``
@@ -77,6 +79,9 @@ ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_ste
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
+# how the arms share the machine: all at once on its cores, or each on a core of its own (at most one arm per core at
+# a time; an arm that finds no free core waits for one)
+ARM_SCHEDULES = ("side_by_side", "core_each")
 
 
 @dataclass
@@ -87,6 +92,9 @@ class Config:
     task: list[int] = field(default_factory=lambda: [4])  # task id(s) of the env
     seed: int = 0
     minutes: float = 20.0  # wall-clock of each arm
+    # side_by_side: the three arms at once, sharing every core (on 2 cores each gets about 2/3 of one); core_each: each
+    # arm pinned to a core of its own for its budget (on 2 cores: RL and SFT, then RFT); the tune stage runs alike
+    arm_schedule: str = "side_by_side"
     objective: str = "ppo"  # the RL arm's objective: ppo | cfg
     # the start
     num_demos: int = 200  # expert demos per task (init states 0..n-1); 200 -> a plateau near 0.4 on task 4
@@ -180,6 +188,8 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
         raise SystemExit(f"error: unknown {cfg.env} task id(s) in --task {cfg.task}; valid ids are 0..{n_tasks - 1}")
     if cfg.stage not in STAGES:
         raise SystemExit(f"error: --stage must be one of {STAGES}, got {cfg.stage!r}")
+    if cfg.arm_schedule not in ARM_SCHEDULES:
+        raise SystemExit(f"error: --arm_schedule must be one of {ARM_SCHEDULES}, got {cfg.arm_schedule!r}")
     for name in ("sft_schedule", "rft_schedule", "rl_schedule"):
         if getattr(cfg, name) not in LR_SCHEDULES:
             raise SystemExit(f"error: --{name} must be one of {LR_SCHEDULES}, got {getattr(cfg, name)!r}")
@@ -397,6 +407,7 @@ def run_arm(cfg: Config) -> None:
     seconds = cfg.minutes * 60
     runner = make_runner(cfg, policy)
     snaps = Snapshots(out, seconds, 1 if cfg.stage == "tune" else cfg.snapshots)
+    began = time.time()  # the training's wall-clock interval and cores, for who shared the machine with whom
     log: list[dict] = []
     schedule = {"rl": cfg.rl_schedule, "sft": cfg.sft_schedule, "rft": cfg.rft_schedule}[arm]
     upd: PolicyUpdate | None = None
@@ -429,6 +440,8 @@ def run_arm(cfg: Config) -> None:
             sft(policy, windows, upd.config, steps=25, update=upd)
             callback({"steps": 25.0})
     trained = (time.perf_counter() - snaps.t0) / 60
+    machine = {"trained_between": [began, time.time()], "cores": sorted(os.sched_getaffinity(0)),
+               "load_after": os.getloadavg()[0]}
     snaps.maybe(policy, final=True)
     guid = [cfg.cfg_guidance, 1.0] if arm == "rl" and cfg.objective == "cfg" else [None]
     curve = []
@@ -446,8 +459,8 @@ def run_arm(cfg: Config) -> None:
     runner.close()
     settings = {k: getattr(cfg, k) for k in ARM_SETTINGS[arm]}
     (out / "arm.json").write_text(json.dumps({"arm": arm, "stage": cfg.stage, "settings": settings,
-                                              "trained_minutes": trained, "iterations": len(log), "curve": curve,
-                                              "log": log}, indent=1))
+                                              "trained_minutes": trained, **machine, "iterations": len(log),
+                                              "curve": curve, "log": log}, indent=1))
 
 
 def curve_subset(cfg: Config, held: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -457,10 +470,30 @@ def curve_subset(cfg: Config, held: list[tuple[int, int]]) -> list[tuple[int, in
     return [(t, i) for t, i in held if i < cfg.eval_start + cfg.curve_states]
 
 
-def run_arms(argv: list[str], extra: list[str], out: Path) -> dict[str, dict]:
-    """The three arms side by side, each in its own process (``argv`` + ``extra``) -> each arm's arm.json."""
-    procs = {arm: subprocess.Popen([sys.executable, __file__, *argv, *extra, "--arm", arm]) for arm in ARMS}
-    failed = [arm for arm, p in procs.items() if p.wait() != 0]
+def run_arms(argv: list[str], extra: list[str], out: Path, schedule: str = "side_by_side") -> dict[str, dict]:
+    """The three arms, each in its own process (``argv`` + ``extra``), as ``schedule`` (ARM_SCHEDULES) shares the
+    machine -> each arm's arm.json (with the core it was pinned to, if any)."""
+    def launch(arm: str, core: int | None = None) -> subprocess.Popen:
+        pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))  # before exec: every thread
+        return subprocess.Popen([sys.executable, __file__, *argv, *extra, "--arm", arm], preexec_fn=pin)
+
+    if schedule == "side_by_side":
+        procs = {arm: launch(arm) for arm in ARMS}
+        codes = {arm: p.wait() for arm, p in procs.items()}
+    else:  # core_each: an arm starts on a free core, in ARMS order
+        free, running, codes, cores = sorted(os.sched_getaffinity(0)), {}, {}, {}
+        for arm in ARMS:
+            while not free:
+                time.sleep(0.2)
+                for other, p in list(running.items()):
+                    if p.poll() is not None:
+                        codes[other] = p.returncode
+                        free.append(cores[other])
+                        del running[other]
+            cores[arm] = free.pop(0)
+            running[arm] = launch(arm, cores[arm])
+        codes.update({arm: p.wait() for arm, p in running.items()})
+    failed = [arm for arm in ARMS if codes[arm] != 0]
     if failed:
         raise SystemExit(f"error: arm(s) {failed} failed; see their output above")
     return {arm: json.loads((out / arm / "arm.json").read_text()) for arm in ARMS}
@@ -473,7 +506,8 @@ def tune(cfg: Config, argv: list[str], val: list, before: float) -> dict:
     points: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for j in range(len(cfg.tune_rl)):
         print(f"tune: point {j}: " + ", ".join(f"{arm} {g[arm][j]}" for arm in ARMS), flush=True)
-        arms = run_arms(argv, ["--num_demos", str(cfg.num_demos), "--point", str(j)], out / f"p{j}")
+        arms = run_arms(argv, ["--num_demos", str(cfg.num_demos), "--point", str(j)], out / f"p{j}",
+                        cfg.arm_schedule)
         for arm in ARMS:
             rate = arms[arm]["curve"][-1][str(reported_guidance(cfg, arm))]
             points[arm].append({"entry": g[arm][j], "val_success": rate, "iterations": arms[arm]["iterations"],
@@ -566,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("before, per task: " + ", ".join(f"task {t} {r['before']:.3f}" for t, r in rates.items()), flush=True)
     if cfg.stage == "tune":
         return tune(cfg, argv, scored, before)
-    arms = run_arms(argv, ["--num_demos", str(cfg.num_demos)], out)
+    arms = run_arms(argv, ["--num_demos", str(cfg.num_demos)], out, cfg.arm_schedule)
     key = str(reported_guidance(cfg, "rl"))
     final = {arm: arms[arm]["curve"][-1] for arm in ARMS}
     after = final["rl"][key]
@@ -612,7 +646,9 @@ def main(argv: list[str] | None = None) -> dict:
         ax.errorbar(xs, ys, yerr=[se(y, m) for y, m in zip(ys, ns)], marker="o", capsize=2, label=label)
     n_curve = len(curve_subset(cfg, held))
     states = f"{n} states" + (f", curve points {n_curve}" if n_curve < n else "")
-    ax.set(xlabel="wall-clock minutes (arms side by side on 2 cores)", ylabel=f"held-out success ({states})",
+    shared = ("arms side by side on 2 cores" if cfg.arm_schedule == "side_by_side" else
+              "each arm on a core of its own")
+    ax.set(xlabel=f"wall-clock minutes ({shared})", ylabel=f"held-out success ({states})",
            ylim=(0, 1), title=f"{cfg.env} task {cfg.task}, seed {cfg.seed}, start {before:.2f}")
     ax.legend()
     fig.tight_layout()

@@ -128,11 +128,12 @@ def table(reports: dict[str, dict], selected: dict[str, dict | None] | None = No
         else:
             sel_cell = "-"
         met = goal_met(c["env"], c["minutes"], rep["before"], rep["after"], d["mean"], d["se"])  # not the stored flag
+        shared = " (core each)" if c.get("arm_schedule") == "core_each" else ""  # else side by side
         rows.append(f"| {c['env']} | {','.join(map(str, c['task']))} | {c['seed']} | {st['demos']} | {st['steps']} | "
                     f"{st['plateau']:.3f} | {rep['before']:.3f} | {rep['after']:.3f} | {rep['sft']:.3f} | "
                     f"{rep['rft']:.3f} | {d['mean']:+.3f} ± {d['se']:.3f} ({rep['baseline'].upper()}) | "
-                    f"{sel_cell} | {rep['rl_iterations']} | {rep['minutes']:.1f} | {rep['load_before'][0]:.1f} → "
-                    f"{rep['load_after'][0]:.1f} | {'yes' if met else 'no'} |")
+                    f"{sel_cell} | {rep['rl_iterations']} | {rep['minutes']:.1f}{shared} | "
+                    f"{rep['load_before'][0]:.1f} → {rep['load_after'][0]:.1f} | {'yes' if met else 'no'} |")
     rows.append("")
     for group, ds in diffs.items():
         where = f"{group[0]} task {','.join(map(str, group[1]))}: " if len(diffs) > 1 else ""

@@ -3,8 +3,12 @@ start's search for N."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 import time
+
+import pytest
 
 from conftest import REPO
 
@@ -137,6 +141,35 @@ def test_start_stage_builds_the_start_and_nothing_else(tmp_path, monkeypatch):
     assert [c["steps"] for c in rec["curve"]] == [1, 2]  # --sft_steps 2, a check every step
     assert seen == []  # no "before" evaluation: no held-out state is built into anything
     assert list((tmp_path / "cache" / "ript_warm_start").iterdir())  # cached for the report that follows
+
+
+def test_core_each_schedule_pins_every_arm_to_a_core_no_other_arm_uses_meanwhile(tmp_path, monkeypatch):
+    """``--arm_schedule core_each``: a real report, its arms in real processes. Each arm trains pinned to one core,
+    and two arms whose training overlapped in time held different cores (on 2 cores: RL and SFT at once, RFT after
+    one of them); side by side, every arm holds every core."""
+    import json
+
+    import rl_improvement as bench
+
+    monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
+    cores = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "report"
+    bench.main(TINY + ["--arm_schedule", "core_each", "--out", str(out), "--snapshots", "1"])
+    arms = {arm: json.loads((out / arm / "arm.json").read_text()) for arm in bench.ARMS}
+    for arm, rec in arms.items():
+        assert len(rec["cores"]) == 1 and rec["cores"][0] in cores, (arm, rec["cores"])
+    for a, b in itertools.combinations(bench.ARMS, 2):
+        (a0, a1), (b0, b1) = arms[a]["trained_between"], arms[b]["trained_between"]
+        if a0 < b1 and b0 < a1:  # trained at the same time
+            assert arms[a]["cores"] != arms[b]["cores"], (a, b)
+    if len(cores) == 2:  # RFT waits for the first core RL or SFT gives back
+        assert arms["rl"]["cores"] != arms["sft"]["cores"]
+        assert arms["rft"]["trained_between"][0] >= min(arms["rl"]["trained_between"][1],
+                                                         arms["sft"]["trained_between"][1])
+    rep = json.loads((out / "rl_improvement.json").read_text())
+    assert rep["config"]["arm_schedule"] == "core_each"
+    with pytest.raises(SystemExit, match="--arm_schedule must be one of"):
+        bench.splits(bench.parse_config(bench.Config, TINY + ["--arm_schedule", "one_at_a_time"]))
 
 
 def test_select_stage_picks_each_snapshot_on_validation_states_only(tmp_path, monkeypatch):
@@ -291,6 +324,12 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     rows = [r for r in table_main([str(tmp_path / "f.json"), str(tmp_path / "g.json")]).splitlines()
             if r.startswith("| arena")]
     assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["yes", "no"]
+    # the minutes say how the arms shared the machine: side by side unless each had a core of its own
+    strong["config"].update(seed=5, minutes=20.0, arm_schedule="core_each")
+    (tmp_path / "h.json").write_text(json.dumps(strong))
+    rows = [r for r in table_main([str(tmp_path / "f.json"), str(tmp_path / "h.json")]).splitlines()
+            if r.startswith("| arena")]
+    assert ["(core each)" in r for r in rows] == [False, True]
 
 
 def test_rl_table_splits_a_multi_task_report_by_task(tmp_path):
