@@ -473,26 +473,22 @@ def curve_subset(cfg: Config, held: list[tuple[int, int]]) -> list[tuple[int, in
 def run_arms(argv: list[str], extra: list[str], out: Path, schedule: str = "side_by_side") -> dict[str, dict]:
     """The three arms, each in its own process (``argv`` + ``extra``), as ``schedule`` (ARM_SCHEDULES) shares the
     machine -> each arm's arm.json (with the core it was pinned to, if any)."""
-    def launch(arm: str, core: int | None = None) -> subprocess.Popen:
-        pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))  # before exec: every thread
-        return subprocess.Popen([sys.executable, __file__, *argv, *extra, "--arm", arm], preexec_fn=pin)
-
-    if schedule == "side_by_side":
-        procs = {arm: launch(arm) for arm in ARMS}
-        codes = {arm: p.wait() for arm, p in procs.items()}
-    else:  # core_each: an arm starts on a free core, in ARMS order
-        free, running, codes, cores = sorted(os.sched_getaffinity(0)), {}, {}, {}
-        for arm in ARMS:
-            while not free:
-                time.sleep(0.2)
-                for other, p in list(running.items()):
-                    if p.poll() is not None:
-                        codes[other] = p.returncode
-                        free.append(cores[other])
-                        del running[other]
-            cores[arm] = free.pop(0)
-            running[arm] = launch(arm, cores[arm])
-        codes.update({arm: p.wait() for arm, p in running.items()})
+    # a slot per arm that may run at once: side by side every arm gets one, unpinned (None); core_each one per core
+    free = [None] * len(ARMS) if schedule == "side_by_side" else sorted(os.sched_getaffinity(0))
+    running: dict[str, tuple[subprocess.Popen, int | None]] = {}
+    codes: dict[str, int] = {}
+    for arm in ARMS:  # each arm starts in a free slot, in ARMS order
+        while not free:
+            time.sleep(0.2)
+            for other, (p, slot) in list(running.items()):
+                if p.poll() is not None:
+                    codes[other] = p.returncode
+                    free.append(slot)
+                    del running[other]
+        slot = free.pop(0)
+        pin = None if slot is None else (lambda core=slot: os.sched_setaffinity(0, {core}))  # before exec: every thread
+        running[arm] = subprocess.Popen([sys.executable, __file__, *argv, *extra, "--arm", arm], preexec_fn=pin), slot
+    codes.update({arm: p.wait() for arm, (p, _) in running.items()})
     failed = [arm for arm in ARMS if codes[arm] != 0]
     if failed:
         raise SystemExit(f"error: arm(s) {failed} failed; see their output above")
