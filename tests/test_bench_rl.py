@@ -4,6 +4,7 @@ start's search for N."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import time
@@ -101,8 +102,6 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
     """The split test: in the tune stage every arm (its grid point's settings applied) is scored on validation
     states, and no held-out state reaches any evaluation."""
     import numpy as np
-    import pytest
-
     import rl_improvement as bench
     from pi0.utils.cli import parse_config
 
@@ -117,7 +116,6 @@ def test_tune_stage_scores_every_arm_on_validation_states_only(tmp_path, monkeyp
     assert seen and set(seen) == {(4, i) for i in range(20, 26)}
     with pytest.raises(SystemExit, match=r"max\(val_states, tune_states\) \(31\) <= eval_start \(30\)"):
         bench.splits(parse_config(bench.Config, argv[:-1] + ["11"]))
-    import json
     recs = {arm: json.loads((tmp_path / "tune" / "p1" / arm / "arm.json").read_text()) for arm in bench.ARMS}
     assert recs["rl"]["settings"]["lr"] == 3e-5 and recs["sft"]["settings"]["sft_schedule"] == "cosine"
     assert recs["rft"]["settings"]["rft_steps_per_iteration"] == 2 and recs["rft"]["settings"]["rft_lr"] == 1e-3
@@ -147,8 +145,6 @@ def test_core_each_schedule_pins_every_arm_to_a_core_no_other_arm_uses_meanwhile
     """``--arm_schedule core_each``: a real report, its arms in real processes. Each arm trains pinned to one core,
     and two arms whose training overlapped in time held different cores (on 2 cores: RL and SFT at once, RFT after
     one of them); side by side, every arm holds every core."""
-    import json
-
     import rl_improvement as bench
 
     monkeypatch.setenv("PI0_CACHE", str(tmp_path / "cache"))
@@ -175,7 +171,6 @@ def test_core_each_schedule_pins_every_arm_to_a_core_no_other_arm_uses_meanwhile
 def test_select_stage_picks_each_snapshot_on_validation_states_only(tmp_path, monkeypatch):
     """Checkpoint selection: every snapshot of every arm is scored on validation states only, each arm keeps its
     best (ties: the earliest), and only that one meets the held-out states (the final one's report outcomes reused)."""
-    import json
     from dataclasses import asdict
 
     import numpy as np
@@ -222,10 +217,6 @@ def test_select_stage_picks_each_snapshot_on_validation_states_only(tmp_path, mo
 def test_tuned_settings_are_checked_before_any_work(tmp_path):
     """One-line errors: a grid entry naming another arm's setting, grids of unequal effort, a tune.json chosen on
     states that overlap the held-out states; a valid one is applied to its own arm only."""
-    import json
-
-    import pytest
-
     import rl_improvement as bench
     from pi0.utils.cli import parse_config
 
@@ -282,9 +273,6 @@ def _report(seed: int, rl: list[int], sft: list[int], tuned: bool = True) -> dic
 
 
 def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
-    import json
-
-    import pytest
     from rl_table import main as table_main
 
     paths = []
@@ -334,9 +322,6 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
 
 def test_rl_table_splits_a_multi_task_report_by_task(tmp_path):
     """Held-out success per task, from the per-episode outcomes listed task by task (hand-checked)."""
-    import json
-
-    import pytest
     from rl_table import main as table_main, report_per_task
 
     rep = _report(0, [1, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1])
@@ -363,8 +348,6 @@ def test_rl_table_splits_a_multi_task_report_by_task(tmp_path):
 def test_sde_gap_scores_each_policy_deterministically_paired_and_under_flow_sde(tmp_path):
     """bench/sde_gap.py: the deterministic rows are the bench's own evaluation (same keyed noise, so paired across
     policies), each Flow-SDE row has one outcome per state and repeat, and bad input stops in one line."""
-    import pytest
-
     import sde_gap
     from pi0.modeling_pi0 import PI0Policy
     from pi0.ript.warm_start import (TinyArenaConfig, arena_expert_demos, demo_norm_stats, env_runner,
