@@ -3,10 +3,10 @@ r"""Bench: does RL improve a *converged* few-shot pi0 beyond what its demonstrat
 Protocol:
 1. Start: a tiny pi0 (same architecture, small sizes) trained by SFT on ``--num_demos`` scripted-expert demos per task
    until success on ``--val_states`` validation init states (the mean of the last ``--smooth`` checks) has not improved
-   for ``--patience`` checks (every ``--check_every`` steps; the best weights are kept; reaching ``--sft_steps``
-   first is an error unless ``--no-require_convergence``; rerun with a higher cap and the start resumes from its last
-   check). Cached by config hash. A plateau
-   outside ``--plateau_band`` (0.15-0.5) scales N by 0.75 (above) or 4/3 (below) and retrains, at most 3 times.
+   for ``--patience`` checks (counted once it has first succeeded; every ``--check_every`` steps; the best weights
+   are kept; reaching ``--sft_steps`` first is an error unless ``--no-require_convergence``; rerun with a higher cap
+   and the start resumes from its last check). Cached by config hash. A plateau outside ``--plateau_band``
+   (0.15-0.5) scales N by 0.75 (above) or 4/3 (below) and retrains, at most 3 times.
 2. Arms, each in its own process from the same start, each for ``--minutes`` of wall-clock, either side by side
    (``--arm_schedule side_by_side``: they share the machine's 2 cores, about 2/3 of a core each) or each pinned to a
    core of its own (``core_each``: RL and SFT at once, then RFT; an arm runs one torch thread, and a second thread
@@ -106,6 +106,9 @@ class Config:
     patience: int = 8  # checks without a new best before the start counts as converged
     smooth: int = 3  # the start's criterion: the mean of the last `smooth` validation checks (1: the single check)
     require_convergence: bool = True  # a start that reaches --sft_steps before its patience runs out is an error
+    # patience counts only once the start's criterion has been above 0 (checks at 0 before it first succeeds are not
+    # a plateau; without it, a slow start stopped there with a plateau of 0, 2,750 steps in)
+    patience_from_success: bool = True
     sft_lr: float = 1e-3  # the warm start's lr
     # > 0: the start ends with this many SFT steps from its plateau weights, the lr decayed linearly to 0
     # (pi0.ript.warm_start.cool_down; make run's preset uses 1000); 0: the plateau's weights as they are
@@ -343,7 +346,8 @@ def start(cfg: Config) -> tuple[PI0Policy, list, Path, dict]:
         policy, windows, root = cached_warm_start(
             tiny_config(cfg), demos, cfg.sft_steps, OptimizerConfig(lr=cfg.sft_lr, minibatch_size=32),
             stop=Plateau(val, cfg.check_every, cfg.patience, smooth=cfg.smooth,
-                         require_convergence=cfg.require_convergence), env=cfg.env, cooldown=cfg.start_cooldown)
+                         require_convergence=cfg.require_convergence,
+                         patience_from_success=cfg.patience_from_success), env=cfg.env, cooldown=cfg.start_cooldown)
         rec = json.loads((root / "warm_start.json").read_text())
         tried.append({"demos": cfg.num_demos, "steps": rec["steps"], "plateau": rec["plateau"]})
         n = None if cfg.arm or len(tried) > 3 else next_num_demos(cfg.num_demos, rec["plateau"], band,

@@ -418,6 +418,55 @@ def test_smoothed_plateau_ignores_a_lucky_check_and_a_capped_start_is_an_error()
     assert "smooth" not in Plateau([(4, 9)]).key_fields() and Plateau([(4, 9)], smooth=3).key_fields()["smooth"] == 3
 
 
+def test_patience_counts_only_once_the_start_has_succeeded(tmp_path):
+    """patience_from_success: checks at 0 before the first success are not a plateau (seed 2 of arena task 2 stopped
+    there, 2,750 steps in, with a plateau of 0); a start that never succeeds is an error, not converged; a cached
+    start with a plateau of 0 is retrained under the rule and a positive one reused."""
+    import pi0.ript.warm_start as ws
+    from pi0.ript.warm_start import Plateau, arena_expert_demos, cached_warm_start, demo_windows, sft_to_plateau
+    cfg = TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2)
+    pol = tiny_arena_policy(cfg, default_norm_stats(8, 7))
+    windows = demo_windows(pol, arena_expert_demos([(4, 0)], 4, 2, resolution=32))
+    runner = arena_runner(2, replan_steps=2, resolution=32, max_steps=4)
+    real_eval, opt = ws.evaluate, OptimizerConfig(lr=1e-2, minibatch_size=8)
+    values = [0.0, 0.0, 0.0, 0.0, 0.1, 0.3, 0.2, 0.2, 0.9]
+    try:
+        curves = {}
+        for rule in (False, True):
+            it = iter(values)
+            ws.evaluate = lambda *a, **k: next(it)
+            curves[rule] = sft_to_plateau(pol, windows, opt, 100, Plateau([(4, 9)], every=2, patience=2,
+                                                                          patience_from_success=rule), runner,
+                                          log=False)
+        it = iter([0.0] * 3)
+        ws.evaluate = lambda *a, **k: next(it)
+        with pytest.raises(UserError, match="never succeeded on its 1 validation states in 6 steps"):
+            sft_to_plateau(pol, windows, opt, 6, Plateau([(4, 9)], every=2, patience=2, require_convergence=True,
+                                                         patience_from_success=True), runner, log=False)
+    finally:
+        ws.evaluate = real_eval
+        runner.close()
+    assert [c["val_success"] for c in curves[False]] == [0.0, 0.0, 0.0]  # best 0 at check 1, then 2 without a gain
+    assert [c["val_success"] for c in curves[True]] == values[:8]  # best 0.3 at check 6, then 0.2, 0.2: stopped
+    # the cache: the same key either way; a plateau of 0 is retrained under the rule, a positive one is reused
+    assert Plateau([(4, 7)], patience_from_success=True).key_fields() == Plateau([(4, 7)]).key_fields()
+    off = Plateau([(4, 7)], every=2, patience=1)
+    on = Plateau([(4, 7)], every=2, patience=1, patience_from_success=True)
+    small = OptimizerConfig(lr=1e-3, minibatch_size=8)
+    _, _, root = cached_warm_start(cfg, [(4, 0)], 8, small, cache_dir=tmp_path, resolution=32, stop=off)
+    rec = json.loads((root / "warm_start.json").read_text())
+    assert rec["plateau"] == 0.0 and rec["stopped_at"] == 4  # the tiny policy never succeeds: stopped at 0
+    _, _, again = cached_warm_start(cfg, [(4, 0)], 8, small, cache_dir=tmp_path, resolution=32, stop=on)
+    rec = json.loads((again / "warm_start.json").read_text())
+    assert again == root and rec["stopped_at"] == 8 and rec["plateau"] == 0.0  # retrained, to the cap this time
+    for marked in ({**rec, "stopped_at": -1},  # trained under the rule: what it trains, a plateau of 0 too
+                   {**rec, "stop": {**rec["stop"], "patience_from_success": False}, "plateau": 0.25,
+                    "stopped_at": -2}):  # without it, but it succeeded: the same weights either way
+        (root / "warm_start.json").write_text(json.dumps(marked))
+        cached_warm_start(cfg, [(4, 0)], 8, small, cache_dir=tmp_path, resolution=32, stop=on)
+        assert json.loads((root / "warm_start.json").read_text())["stopped_at"] == marked["stopped_at"]  # reused
+
+
 def test_a_converged_start_is_reused_under_a_higher_step_cap(tmp_path):
     """A start that stopped on patience at step s is what any cap >= s trains, so raising the cap (as the
     not-converged error asks for another N of the demo search) reuses it; a cap below s does not."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -204,7 +205,10 @@ class Plateau:
 
     ``smooth`` > 1: the criterion is the mean of the last ``smooth`` checks (a lucky noisy check does not become the
     start; the weights kept are those of the last check of the best window). ``require_convergence``: reaching the
-    step cap before patience ran out is an error (the start would not be converged by its own rule)."""
+    step cap before patience ran out is an error (the start would not be converged by its own rule).
+    ``patience_from_success``: patience counts only once the criterion has been above 0. A policy that has not yet
+    succeeded has nothing to plateau at: early checks sit at 0 for a while, and a slow start would stop there with a
+    plateau of 0. A run that succeeds at some check trains to the same weights either way."""
 
     val_states: list[tuple[int, int]]
     every: int = 250
@@ -212,14 +216,25 @@ class Plateau:
     min_delta: float = 0.0
     smooth: int = 1
     require_convergence: bool = False
+    patience_from_success: bool = False
 
     def key_fields(self) -> dict:
-        """The fields that name a cached start (the later ones only when set: older caches keep their keys)."""
+        """The fields that name a cached start (the later ones only when set: older caches keep their keys).
+        ``patience_from_success`` never does: it changes only starts whose plateau is 0, and those are not reused
+        under it (:meth:`reuses`)."""
         d = asdict(self)
+        d.pop("patience_from_success")
         for name, default in (("smooth", 1), ("require_convergence", False)):
             if d[name] == default:
                 d.pop(name)
         return d
+
+    def reuses(self, record: dict) -> bool:
+        """Whether a cached start's ``warm_start.json`` record is what this rule trains: under
+        ``patience_from_success``, a plateau of 0 trained without it (a run stopped on patience before it ever
+        succeeded) is not."""
+        return (not self.patience_from_success or (record.get("plateau") or 0.0) > 0.0
+                or (record.get("stop") or {}).get("patience_from_success", False))
 
 
 def warm_start_key(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int]], sft_steps: int | None,
@@ -277,6 +292,8 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
         upd = PolicyUpdate(FlowMatchingObjective(policy), opt_cfg, seed=update_seed)
         upd.load_state_dict(st["update"])
         done, curve, best, best_state, since = st["done"], st["curve"], st["best"], st["best_state"], st["since"]
+        if stop.patience_from_success and best <= 0.0:
+            since = 0  # (a partial written without the rule counted the checks at 0)
         t0 -= curve[-1]["seconds"] if curve else 0.0
         if log:
             print(f"warm start: resumed at {done} SFT steps from {resume}", flush=True)
@@ -297,7 +314,7 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
         if smoothed is not None:
             if smoothed > best + stop.min_delta:
                 best, best_state, since = smoothed, copy.deepcopy(policy.model.state_dict()), 0
-            else:
+            elif best > 0.0 or not stop.patience_from_success:
                 since += 1
         if resume is not None:  # written whole, then renamed: a kill leaves the last complete check
             tmp = resume.with_name(resume.name + ".tmp")
@@ -307,6 +324,10 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
         if since >= stop.patience:
             break
     else:
+        if stop.require_convergence and stop.patience_from_success and best <= 0.0:
+            raise UserError(f"the SFT start never succeeded on its {len(stop.val_states)} validation states in "
+                            f"{max_steps} steps; raise the cap (--sft_steps, task.warm_start_steps) or the demos"
+                            + (f"; it resumes at step {done}" if resume else ""))
         if stop.require_convergence and since < stop.patience:
             raise UserError(f"the SFT start did not converge: the step cap {max_steps} came after {since} of "
                             f"{stop.patience} patience checks without a gain; raise the cap (--sft_steps, "
@@ -317,16 +338,16 @@ def sft_to_plateau(policy: PI0Policy, windows: Sequence[Window], opt_cfg: Optimi
     return curve
 
 
-def converged_start(cache: Path, converged_key: str, sft_steps: int) -> Path | None:
-    """A cached start that converged by the same rule on the same data and settings under another step cap, and
-    stopped at or before ``sft_steps`` (so this cap would have trained the same weights), else None."""
+def converged_start(cache: Path, converged_key: str, sft_steps: int, stop: Plateau) -> Path | None:
+    """A cached start that converged by the same rule (``stop``) on the same data and settings under another step
+    cap, and stopped at or before ``sft_steps`` (so this cap would have trained the same weights), else None."""
     for rec_path in sorted(cache.glob("*/warm_start.json")):
         try:
             rec = json.loads(rec_path.read_text())
         except (OSError, ValueError):
             continue
         if rec.get("converged_key") == converged_key and rec.get("stopped_at", sft_steps + 1) <= sft_steps \
-                and (rec_path.parent / "model.safetensors").is_file():
+                and stop.reuses(rec) and (rec_path.parent / "model.safetensors").is_file():
             return rec_path.parent
     return None
 
@@ -399,9 +420,12 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     converged_key = warm_start_key(cfg, demo_states, None, opt_cfg, stop, env, procs) \
         if stop and stop.require_convergence else None
     if converged_key and not (root / "model.safetensors").is_file():
-        root = converged_start(cache, converged_key, sft_steps) or root
+        root = converged_start(cache, converged_key, sft_steps, stop) or root
     if cooldown:  # named by the start it cools: a start reused under a higher cap is cooled once
         cooled = root.with_name(f"{root.name}-cool{cooldown}")
+        if (cooled / "model.safetensors").is_file() and stop is not None \
+                and not stop.reuses(json.loads((cooled / "warm_start.json").read_text())):
+            shutil.rmtree(cooled)  # cooled from a plateau of 0 that this rule would have trained past
         if not (cooled / "model.safetensors").is_file():
             policy, windows, base = cached_warm_start(cfg, demo_states, sft_steps, opt_cfg, cache_dir, resolution,
                                                       stop, env, procs)
@@ -422,8 +446,10 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     torch.manual_seed(cfg.seed)
     demos = expert_demos(env, demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, seed=cfg.seed)
     if (root / "model.safetensors").is_file():
-        policy = PI0Policy.from_pretrained(root)
-        return policy, demo_windows(policy, demos), root
+        if stop is None or stop.reuses(json.loads((root / "warm_start.json").read_text())):
+            policy = PI0Policy.from_pretrained(root)
+            return policy, demo_windows(policy, demos), root
+        shutil.rmtree(root)  # a plateau of 0 that this rule would have trained past: retrained
     policy = tiny_arena_policy(cfg, demo_norm_stats(demos))
     windows = demo_windows(policy, demos)
     curve: list[dict[str, float]] = []

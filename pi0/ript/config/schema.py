@@ -61,6 +61,9 @@ class TaskConfig:
     warm_start_every: int = 250
     warm_start_val_states: int = 50
     warm_start_smooth: int = 1  # the plateau's criterion: the mean of the last n validation checks (1: each check)
+    # patience counts only once the criterion has been above 0: checks at 0 before the start first succeeds are not a
+    # plateau (a start that never succeeds by warm_start_steps is an error)
+    warm_start_patience_from_success: bool = True
     warm_start_threads: int = 0  # torch threads while the start trains alone (0: every core), then ``threads``
     warm_start_lr: float = 1e-3  # the start's SFT step size (AdamW, constant until the cooldown)
     # > 0: then this many SFT steps from the start's weights with the step size decayed linearly to 0

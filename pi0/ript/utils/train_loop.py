@@ -100,7 +100,7 @@ def tiny_warm_start(cfg: TrainConfig) -> tuple[PI0Policy, list]:
     stop = None
     if t.warm_start_patience > 0:
         stop = Plateau(start_val_states(t), every=t.warm_start_every, patience=t.warm_start_patience,
-                       smooth=t.warm_start_smooth,
+                       smooth=t.warm_start_smooth, patience_from_success=t.warm_start_patience_from_success,
                        require_convergence=True)  # a start that reaches warm_start_steps first is an error
     threads = torch.get_num_threads()
     torch.set_num_threads(start_threads(t))
