@@ -220,8 +220,8 @@ class Plateau:
 
     def key_fields(self) -> dict:
         """The fields that name a cached start (the later ones only when set: older caches keep their keys).
-        ``patience_from_success`` never does: it changes only starts whose plateau is 0, and those are not reused
-        under it (:meth:`reuses`)."""
+        ``patience_from_success`` never does: it changes only starts whose plateau is 0, and such a start trained
+        without it is not reused under it (:meth:`reuses`)."""
         d = asdict(self)
         d.pop("patience_from_success")
         for name, default in (("smooth", 1), ("require_convergence", False)):
