@@ -419,14 +419,11 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     root = cache / warm_start_key(cfg, demo_states, sft_steps, opt_cfg, stop, env, procs)
     converged_key = warm_start_key(cfg, demo_states, None, opt_cfg, stop, env, procs) \
         if stop and stop.require_convergence else None
-    if converged_key and not (root / "model.safetensors").is_file():
+    if converged_key and not _reusable(root, stop):
         root = converged_start(cache, converged_key, sft_steps, stop) or root
     if cooldown:  # named by the start it cools: a start reused under a higher cap is cooled once
         cooled = root.with_name(f"{root.name}-cool{cooldown}")
-        if (cooled / "model.safetensors").is_file() and stop is not None \
-                and not stop.reuses(json.loads((cooled / "warm_start.json").read_text())):
-            shutil.rmtree(cooled)  # cooled from a plateau of 0 that this rule would have trained past
-        if not (cooled / "model.safetensors").is_file():
+        if not _reusable(cooled, stop):
             policy, windows, base = cached_warm_start(cfg, demo_states, sft_steps, opt_cfg, cache_dir, resolution,
                                                       stop, env, procs)
             rec = json.loads((base / "warm_start.json").read_text())
@@ -445,11 +442,9 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
         root = cooled
     torch.manual_seed(cfg.seed)
     demos = expert_demos(env, demo_states, cfg.action_horizon, cfg.n_action_steps, resolution, seed=cfg.seed)
-    if (root / "model.safetensors").is_file():
-        if stop is None or stop.reuses(json.loads((root / "warm_start.json").read_text())):
-            policy = PI0Policy.from_pretrained(root)
-            return policy, demo_windows(policy, demos), root
-        shutil.rmtree(root)  # a plateau of 0 that this rule would have trained past: retrained
+    if _reusable(root, stop):
+        policy = PI0Policy.from_pretrained(root)
+        return policy, demo_windows(policy, demos), root
     policy = tiny_arena_policy(cfg, demo_norm_stats(demos))
     windows = demo_windows(policy, demos)
     curve: list[dict[str, float]] = []
@@ -476,6 +471,17 @@ def cached_warm_start(cfg: TinyArenaConfig, demo_states: Sequence[tuple[int, int
     if stop is not None and procs == 1:
         partial.unlink(missing_ok=True)
     return policy, windows, root
+
+
+def _reusable(root: Path, stop: Plateau | None) -> bool:
+    """Whether ``root`` holds a cached start that ``stop`` trains (:meth:`Plateau.reuses`); one it does not (a plateau
+    of 0 trained without ``patience_from_success``, or a start cooled from one) is deleted, to be retrained."""
+    if not (root / "model.safetensors").is_file():
+        return False
+    if stop is None or stop.reuses(json.loads((root / "warm_start.json").read_text())):
+        return True
+    shutil.rmtree(root)
+    return False
 
 
 def _store(policy: PI0Policy, record: dict, root: Path) -> None:
