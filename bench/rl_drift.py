@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> dict:
     names = {f.name for f in fields(rli.Config)}
     rcfg = rli.Config(**{k: v for k, v in json.loads(report.read_text())["config"].items() if k in names})
     rcfg.arm = ""
+    if not 1 <= cfg.states <= rcfg.eval_start - rcfg.val_start:  # never a held-out state
+        raise SystemExit(f"error: --states must be in 1..{rcfg.eval_start - rcfg.val_start} (the validation states "
+                         f"{rcfg.val_start}..{rcfg.eval_start - 1} before the held-out ones), got {cfg.states}")
     arm = json.loads(arm_json.read_text())
     st = arm["settings"]
     noise, k, kind = float(st.get("noise_level", rcfg.noise_level)), int(st.get("sde_step", rcfg.sde_step)), \

@@ -3,6 +3,7 @@ mean) and the part it does not (the other denoising steps), checked by hand on c
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -108,3 +109,13 @@ def test_bad_input_is_a_one_line_error_before_any_work(tmp_path):
     (tmp_path / "rl" / "arm.json").write_text("{}")
     with pytest.raises(SystemExit, match="--against must be start or previous"):
         main(["--run", str(tmp_path), "--against", "last"])
+
+
+def test_drift_states_never_reach_the_held_out_ones(tmp_path):
+    from rl_drift import main
+
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "arm.json").write_text("{}")
+    (tmp_path / "rl_improvement.json").write_text(json.dumps({"config": {"val_start": 1500, "eval_start": 2000}}))
+    with pytest.raises(SystemExit, match=r"--states must be in 1..500 .*got 501"):
+        main(["--run", str(tmp_path), "--states", "501"])
