@@ -87,24 +87,33 @@ def split_drift(vel_p: Velocity, vel_q: Velocity, x0: torch.Tensor, eps: torch.T
             "scored_q": euler(vel_q, x0, 0, n), "mean_shift": mean_q - mean_p, "std": std}
 
 
-def drift_sums(parts: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+def drift_sums(parts: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float | np.ndarray]:
     """:func:`split_drift`'s parts and the executed mask (B,H,A) -> sums over the masked entries of the squared
-    seen / unseen / moved / scored moves, the step's KL summed over them per decision and summed over decisions, and
-    the counts ("entries", "decisions"): add them over batches, then :func:`drift_figures`."""
+    seen / unseen / moved / scored moves, the step's KL summed over them per decision and summed over decisions, the
+    counts ("entries", "decisions"), and per action dim (A,) the scored move's sum and sum of squares and the count:
+    add them over batches, then :func:`drift_figures`."""
     m = mask.to(parts["start"].dtype)
     sq = lambda d: float((d * d * m).sum())  # noqa: E731
     kl = ((parts["mean_shift"] / parts["std"]) ** 2 / 2 * m).flatten(1).sum(-1)  # (B,): KL of equal-std Gaussians
+    scored = parts["scored_q"] - parts["scored_p"]
+    per_dim = lambda d: (d * m).flatten(0, 1).sum(0).double().numpy()  # noqa: E731  (B,H,A) -> (A,)
     return {"seen": sq(parts["seen"] - parts["start"]), "unseen": sq(parts["moved"] - parts["seen"]),
-            "moved": sq(parts["moved"] - parts["start"]), "scored": sq(parts["scored_q"] - parts["scored_p"]),
-            "kl": float(kl.sum()), "entries": float(m.sum()), "decisions": float(m.shape[0])}
+            "moved": sq(parts["moved"] - parts["start"]), "scored": sq(scored),
+            "kl": float(kl.sum()), "entries": float(m.sum()), "decisions": float(m.shape[0]),
+            "scored_dim": per_dim(scored), "scored_dim_sq": per_dim(scored * scored), "entries_dim": per_dim(m)}
 
 
-def drift_figures(sums: dict[str, float]) -> dict[str, float]:
-    """Summed :func:`drift_sums` -> RMS per masked entry of each move, mean KL per decision, and the unseen part's
-    share of seen^2 + unseen^2."""
-    out = {k: float(np.sqrt(sums[k] / sums["entries"])) for k in ("seen", "unseen", "moved", "scored")}
+def drift_figures(sums: dict[str, float | np.ndarray]) -> dict[str, float | list[float]]:
+    """Summed :func:`drift_sums` -> RMS per masked entry of each move, mean KL per decision, the unseen part's share
+    of seen^2 + unseen^2, and per executed action dim the scored move's mean and RMS."""
+    out: dict[str, float | list[float]] = {
+        k: float(np.sqrt(sums[k] / sums["entries"])) for k in ("seen", "unseen", "moved", "scored")}
     out["kl"] = sums["kl"] / sums["decisions"]
     out["unseen_share"] = sums["unseen"] / max(sums["seen"] + sums["unseen"], 1e-30)
+    n = sums["entries_dim"]
+    dims = n > 0  # the env's action dims (the padding is never executed)
+    out["scored_mean_per_dim"] = (sums["scored_dim"][dims] / n[dims]).tolist()
+    out["scored_rms_per_dim"] = np.sqrt(sums["scored_dim_sq"][dims] / n[dims]).tolist()
     return out
 
 
@@ -183,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     for j, path in enumerate(snaps):
         q = PI0Policy.from_pretrained(path)
         p = start if cfg.against == "start" else prev
-        sums: dict[str, float] = {}
+        sums: dict[str, float | np.ndarray] = {}
         with torch.no_grad():
             for batch in batches:
                 parts = split_drift(velocity_of(p, batch), velocity_of(q, batch), batch["chain"][:, 0], batch["eps"],
@@ -196,7 +205,9 @@ def main(argv: list[str] | None = None) -> dict:
         prev = q
         print(f"{path.name} ({row['minutes'] or 0:.1f} min) against {row['against']}: seen {row['seen']:.3f}  "
               f"unseen {row['unseen']:.3f}  moved {row['moved']:.3f}  scored {row['scored']:.3f}  "
-              f"step-{k} KL {row['kl']:.4f}  unseen share of the squared move {row['unseen_share']:.2f}", flush=True)
+              f"step-{k} KL {row['kl']:.4f}  unseen share of the squared move {row['unseen_share']:.2f}\n"
+              f"  scored move per action dim, mean: {' '.join(f'{v:+.3f}' for v in row['scored_mean_per_dim'])}"
+              f"  RMS: {' '.join(f'{v:.3f}' for v in row['scored_rms_per_dim'])}", flush=True)
     out = Path(cfg.out) if cfg.out else run / cfg.arm / f"drift{'' if cfg.against == 'start' else '_previous'}.json"
     result = {"run": str(run), "arm": cfg.arm, "start": root.name, "start_plateau": rec.get("plateau"),
               "states": len(states), "rollout_success": success, "decisions": len(windows), "sde_step": k,

@@ -69,6 +69,9 @@ def test_the_stochastic_steps_move_is_seen_and_its_kl_is_by_hand():
     assert fig["moved"] == pytest.approx(DT * C, rel=1e-5)
     assert fig["kl"] == pytest.approx(6 * (DT * C) ** 2 / 2, rel=1e-5)  # 6 entries of d^2 / (2 std^2), std 1
     assert fig["unseen_share"] == pytest.approx(0.0, abs=1e-9)
+    # per executed dim (the 4th is never executed): the Euler step's move -d c, its RMS d c
+    assert fig["scored_mean_per_dim"] == pytest.approx([-DT * C] * 3, rel=1e-5)
+    assert fig["scored_rms_per_dim"] == pytest.approx([DT * C] * 3, rel=1e-5)
 
 
 def test_the_trained_policys_own_steps_before_k_are_unseen():

@@ -86,6 +86,7 @@ def test_imports_flow_one_way():
         used = {m.group(2) for m in pattern.finditer(path.read_text())}
         rl_entry = re.match(r"(7|8|9|10|11)_\w+\.py$", rel) or rel in ("quick_single_gpu_test.py",
                                                                          "bench/rl_improvement.py",
+                                                                         "bench/rl_drift.py",
                                                                          "bench/rl_throughput.py",
                                                                          "bench/sde_gap.py",
                                                                          "bench/train_memory.py",
