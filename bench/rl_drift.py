@@ -5,7 +5,7 @@ LOOP (``pi0.ript.objectives.PPOObjective``) samples each chunk with one stochast
 clips the ratio of that one Gaussian transition. The other N - 1 steps are Euler steps of the same network, so an
 update that changes step k's mean also changes every later velocity, and the executed action moves by both. The clip
 and the approx KL bound only the first part. This script measures the two parts for a report's RL snapshots, against
-its start, on observations the start visits:
+its start (``--against previous``: each against the snapshot before it), on observations the start visits:
 
 1. The start rolls out (Flow-SDE, the run's noise level, step and kind, the way RL collects) once from each of
    ``--states`` validation init states of the run (``val_start`` on), and every decision is kept with its chain.
@@ -14,13 +14,14 @@ its start, on observations the start visits:
      P's Euler steps;
    - ``moved``: Q's whole chain on the same x_0 and noise draw;
    - ``unseen`` = moved - seen: what Q's other steps add;
-   - ``scored``: Q's deterministic (Euler) action minus P's from the same x_0, the policy every arm is scored with;
+   - ``scored``: Q's deterministic (Euler) action minus P's from the same x_0, the policy every arm is scored with
+     (also per env action dim: its mean and RMS);
    - ``kl``: the exact KL of step k's two Gaussians, summed over the executed rows x env action dims (what LOOP's
      approx KL estimates), averaged over decisions.
    Each action figure is the root mean square over the executed rows x env action dims, in the model's normalized
    action space (where step k's std is 1 at noise level 1 and step 0).
 
-Writes ``<run>/<arm>/drift.json`` (or ``--out``) and prints one row per snapshot:
+Writes ``<run>/<arm>/drift.json`` (``drift_previous.json``; or ``--out``) and prints one row per snapshot:
 
     .venv/bin/python bench/rl_drift.py --run runs/bench_rl/task1_seed1_core_each
 """
