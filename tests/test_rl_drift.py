@@ -27,8 +27,9 @@ def offset_at(step: int):
 
 def start_chain(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """P (v = 0) at noise level 1, stochastic step k: Euler steps keep x; the step's mean is x - coef x (x1_hat = x
-    for v = 0, and at t = 1 for any v) with coef = sigma^2 d / (2 t), sigma = sqrt(t / (1 - t)) (1 - t := d at t = 1), so coef = 0.5 at
-    t = 1 (sigma^2 = 5) and at t = 0.8 (sigma^2 = 4); std = sigma sqrt(d): 1 at t = 1, 2 sqrt(0.2) at t = 0.8."""
+    for v = 0, and at t = 1 for any v) with coef = sigma^2 d / (2 t), sigma = sqrt(t / (1 - t)) (1 - t := d at
+    t = 1), so coef = 0.5 at t = 1 (sigma^2 = 5) and at t = 0.8 (sigma^2 = 4); std = sigma sqrt(d): 1 at t = 1,
+    2 sqrt(0.2) at t = 0.8."""
     g = torch.Generator().manual_seed(0)
     x0, eps = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)
     std = 1.0 if k == 0 else 2 * math.sqrt(DT)
