@@ -130,14 +130,16 @@ class Config:
 
 
 def velocity_of(policy: PI0Policy, batch: dict[str, torch.Tensor]) -> Velocity:
-    """The policy's v at denoising step j's time on a collated batch's observations."""
+    """The policy's v at denoising step j's time on a collated batch's observations, on one prefix pass (its kv cache
+    serves every step, as in ``PI0Model.sample_actions``)."""
     times = sde_times(policy.config.num_steps)
     model = policy.model
+    kv_cache, prefix_pad = model.encode_prefix(batch["images"], batch["img_masks"], batch["lang_tokens"],
+                                               batch["lang_masks"])
 
     def v(j: int, x: torch.Tensor) -> torch.Tensor:
         t = torch.full((x.shape[0],), times[j], device=x.device)
-        return model.predict_velocity(batch["images"], batch["img_masks"], batch["lang_tokens"], batch["lang_masks"],
-                                      batch["state"], x, t)
+        return model.denoise_step(kv_cache, prefix_pad, batch["state"], x, t)
     return v
 
 
@@ -181,12 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
     success = float(np.mean([e.success for e in episodes]))
     print(f"start {root.name}: {len(episodes)} validation rollouts (success {success:.2f}), {len(windows)} decisions, "
           f"stochastic step {k}, noise level {noise}, {kind}", flush=True)
-    batches = []  # collated once; each with the start's recorded step-k noise draw
+    batches = []  # collated once; each with the start's velocity and its recorded step-k noise draw
     with torch.no_grad():
         for b0 in range(0, len(windows), cfg.batch):
             batch = objective.collate(windows[b0:b0 + cfg.batch])
-            batch["eps"] = recorded_noise(velocity_of(start, batch), batch["chain"], k, noise, kind)
-            batches.append(batch)
+            vel_start = velocity_of(start, batch)
+            batches.append((batch, vel_start, recorded_noise(vel_start, batch["chain"], k, noise, kind)))
     snaps = sorted(p for p in (run / cfg.arm).glob("snap*") if (p / "model.safetensors").is_file())
     minutes = [c["minutes"] for c in arm.get("curve", [])]  # the snapshots in order (evaluated ones, each saved)
     rows, prev = [], start
@@ -195,9 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
         p = start if cfg.against == "start" else prev
         sums: dict[str, float | np.ndarray] = {}
         with torch.no_grad():
-            for batch in batches:
-                parts = split_drift(velocity_of(p, batch), velocity_of(q, batch), batch["chain"][:, 0], batch["eps"],
-                                    k, start.config.num_steps, noise, kind)
+            for batch, vel_start, eps in batches:
+                parts = split_drift(vel_start if p is start else velocity_of(p, batch), velocity_of(q, batch),
+                                    batch["chain"][:, 0], eps, k, start.config.num_steps, noise, kind)
                 for name, val in drift_sums(parts, batch["action_mask"]).items():
                     sums[name] = sums.get(name, 0.0) + val
         row = {"snapshot": path.name, "minutes": minutes[j] if j < len(minutes) else None,
