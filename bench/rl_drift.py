@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the report's Config, start and runner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pi0.models.flow_sde import check_sde, sde_step_moments, sde_times  # noqa: E402
+from pi0.models.flow_sde import EVERY_STEP, check_sde, sde_step_moments, sde_times  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.collection import sde_collector  # noqa: E402
 from pi0.ript.objectives import PPOObjective  # noqa: E402
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     noise, k, kind = float(st.get("noise_level", rcfg.noise_level)), int(st.get("sde_step", rcfg.sde_step)), \
         st.get("sde_kind", rcfg.sde_kind)
     if k < 0:
-        raise SystemExit("error: the arm drew its stochastic step per call (sde_step -1); this split needs a fixed one")
+        why = "every step: its ratio saw the whole chain" if k == EVERY_STEP else "a step drawn per call"
+        raise SystemExit(f"error: the arm's sde_step is {k} ({why}); this split needs one fixed step")
     torch.set_num_threads(max(1, rcfg.threads))
     start, _, root, rec = rli.start(rcfg)
     check_sde(kind, noise, k, start.config.num_steps)

@@ -60,7 +60,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
 from pi0.evaluation.paired import paired_difference, per_task, rate_se as se  # noqa: E402
-from pi0.models.flow_sde import check_sde  # noqa: E402
+from pi0.models.flow_sde import check_sde, sampler_step  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.models.pi0 import TRAINABLE  # noqa: E402
 from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
@@ -149,7 +149,8 @@ class Config:
     minibatch_size: int = 32
     trainable: str = "all"
     noise_level: float = 1.0  # ppo (and the RFT arm's collection, which collects as RL does)
-    sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch; RLConfig.sde_step)
+    sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch, -2: every step;
+    # RLConfig.sde_step)
     sde_kind: str = "flow_sde"  # ppo (and RFT's collection): the step's transition, flow_sde | cps (RLConfig.sde_kind)
     clip: float = 0.2  # ppo
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
@@ -196,8 +197,9 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
     for name in ("sft_schedule", "rft_schedule", "rl_schedule"):
         if getattr(cfg, name) not in LR_SCHEDULES:
             raise SystemExit(f"error: --{name} must be one of {LR_SCHEDULES}, got {getattr(cfg, name)!r}")
-    if not -1 <= cfg.sde_step < TinyArenaConfig.num_steps:
-        raise SystemExit(f"error: --sde_step must be -1 (drawn) or a denoising step 0..{TinyArenaConfig.num_steps - 1} "
+    if not -2 <= cfg.sde_step < TinyArenaConfig.num_steps:
+        raise SystemExit(f"error: --sde_step must be -1 (drawn), -2 (every step) or a denoising step "
+                         f"0..{TinyArenaConfig.num_steps - 1} "
                          f"of the bench's {TinyArenaConfig.num_steps}-step policy, got {cfg.sde_step}")
     check_sde_settings(cfg, {}, "--noise_level / --sde_step / --sde_kind")
     if cfg.stage == "tune" and cfg.tuned:
@@ -234,8 +236,9 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {LR_SCHEDULES}")
         if key == "trainable" and out[key] not in TRAINABLE:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: trainable must be one of {TRAINABLE}")
-        if key == "sde_step" and not -1 <= out[key] < TinyArenaConfig.num_steps:
-            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn) or a denoising step "
+        if key == "sde_step" and not -2 <= out[key] < TinyArenaConfig.num_steps:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn), -2 (every step) or a "
+                             f"denoising step "
                              f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy")
     return out
 
@@ -245,7 +248,7 @@ def check_sde_settings(cfg: Config, entry: dict[str, Any], where: str) -> None:
     made: an unknown kind, a cps eta outside (0, 1], cps at the last denoising step."""
     s = {k: entry.get(k, getattr(cfg, k)) for k in ("noise_level", "sde_step", "sde_kind")}
     try:
-        check_sde(s["sde_kind"], s["noise_level"], None if s["sde_step"] < 0 else s["sde_step"],
+        check_sde(s["sde_kind"], s["noise_level"], sampler_step(s["sde_step"]),
                   TinyArenaConfig.num_steps)
     except ValueError as e:
         raise SystemExit(f"error: {where}: {e}") from None

@@ -9,7 +9,7 @@ policy the bench reports (issue 39's measured reason on MetaWorld, bench/README.
         --sde 1.0:0 --json_out runs/sde_gap.json
 
 ``--policy NAME=DIR`` (checkpoints: ``model.safetensors`` + ``config.json`` + ``norm_stats.json``), ``--sde
-NOISE_LEVEL:STEP[:KIND]`` per stochastic sampler (``STEP`` -1: drawn per call; ``KIND`` flow_sde, the default, or
+NOISE_LEVEL:STEP[:KIND]`` per stochastic sampler (``STEP`` -1: drawn per call, -2: every step; ``KIND`` flow_sde, the default, or
 cps: ``pi0.models.flow_sde``). Deterministic episodes draw their noise keyed to (``--seed`` + 100, task, state,
 repeat, decision) as the bench's evaluation does, so they are paired across policies; stochastic episodes draw from
 one generator per sampler and policy, seeded alike, so their rates are compared with each rate's own standard
@@ -30,24 +30,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pi0, not an installed one
 
 from pi0.evaluation.paired import paired_difference, per_task, rate_se  # noqa: E402
-from pi0.models.flow_sde import check_sde  # noqa: E402
+from pi0.models.flow_sde import check_sde, sampler_step  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.collection import sde_collector  # noqa: E402
 from pi0.ript.warm_start import ENVS, env_runner, evaluate_episodes  # noqa: E402
 
 
 def parse_sde(item: str) -> tuple[float, int, str]:
-    """``"NOISE_LEVEL:STEP[:KIND]"`` -> (noise level, step >= -1, kind: flow_sde or cps); one-line error otherwise
+    """``"NOISE_LEVEL:STEP[:KIND]"`` -> (noise level, step >= -2, kind: flow_sde or cps); one-line error otherwise
     (the step is checked against each policy's denoising steps by :func:`check_samplers`)."""
     level, sep, rest = item.partition(":")
     step, _, kind = rest.partition(":")
     try:
         out = (float(level), int(step), kind or "flow_sde")
-        if not sep or out[1] < -1:
-            raise ValueError("STEP must be a denoising step or -1")
+        if not sep or out[1] < -2:
+            raise ValueError("STEP must be a denoising step, -1 (drawn) or -2 (every step)")
         check_sde(out[2], out[0], None, 1)
     except ValueError as e:
-        raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP[:KIND] (a level > 0, a denoising step or -1, kind "
+        raise SystemExit(f"error: --sde takes NOISE_LEVEL:STEP[:KIND] (a level > 0, a denoising step, -1 or -2, kind "
                          f"flow_sde or cps), got {item!r}: {e}") from None
     return out
 
@@ -58,7 +58,7 @@ def check_samplers(samplers: dict[str, tuple[float, int, str] | None], num_steps
         if sde is not None:
             level, step, kind = sde
             try:
-                check_sde(kind, level, None if step < 0 else step, num_steps)
+                check_sde(kind, level, sampler_step(step), num_steps)
             except ValueError as e:
                 raise SystemExit(f"error: --sde {label}: {e}") from None
 

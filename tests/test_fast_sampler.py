@@ -13,6 +13,7 @@ from conftest import model_inputs
 from pi0.models.cuda_graphs import clone_outputs
 from pi0.models.config import GemmaConfig, Pi0Config, SiglipConfig
 from pi0.models.gemma import rms_normalize
+from pi0.models.flow_sde import EVERY_STEP, sde_times
 from pi0.models.fast_sampler import FastSampler, euler_times, fold_action_time_mlp, round_up, trim_prompt_padding
 from pi0.models.roofline import weight_bytes_per_call
 from pi0.modeling_pi0 import PI0Model, PI0Policy
@@ -563,3 +564,47 @@ def test_whole_call_path_through_the_public_calls(model, pi05_model, pi05, monke
             assert int(pad[j].sum()) == int(ref_pad[j].sum())
             torch.testing.assert_close(kv[j][:, pad[j]], ref_kv[j][:, ref_pad[j]], atol=ATOL, rtol=0)
     assert [k[0] for k in replayed] == ["call"] * 6 and {k[3] for k in replayed} == {"ode", "sde"}
+
+
+def test_every_step_chain_fast_matches_eager_and_sums_the_steps(model):
+    """sde_step=EVERY_STEP: the fast sampler gives eager's chain and log-density for one seed; the log-density is the
+    sum of each step's one-step log-density on the recorded chain; every step left the deterministic path;
+    chain_log_prob recomputes it, and its gradient equals that of the sum of the N one-step recomputations (the
+    prefix reached through the cache, as in the joint pass)."""
+    m = copy.deepcopy(model)
+    inp = _inputs(m.cfg)
+    run = lambda: m.sample_actions_sde(*inp, num_steps=4, noise_level=0.5, sde_step=EVERY_STEP,  # noqa: E731
+                                       generator=torch.Generator().manual_seed(5))
+    ref = run()
+    m.enable_fast_sampling()
+    out = run()
+    assert out["sde_step"] == ref["sde_step"] == EVERY_STEP
+    for key in ("actions", "chain", "log_prob"):
+        torch.testing.assert_close(out[key], ref[key], atol=ATOL, rtol=0, msg=key)
+    m.enable_fast_sampling(False)
+    chain = out["chain"]
+    steps = [m.step_log_prob(*inp[:5], chain=chain, sde_step=k, num_steps=4, noise_level=0.5) for k in range(4)]
+    torch.testing.assert_close(sum(steps), out["log_prob"], atol=1e-4, rtol=0)
+    det = m.sample_actions_sde(*inp, num_steps=4, noise_level=0.0, sde_step=0)["chain"]
+    euler = torch.stack([chain[:, k] - 0.25 * m.predict_velocity(*inp[:5], chain[:, k], torch.full((2,), t))
+                         for k, t in enumerate(sde_times(4))], 1).detach()
+    assert (euler - chain[:, 1:]).flatten(2).abs().amax(-1).min() > 1e-2  # each step drew noise
+    assert (det[:, -1] - chain[:, -1]).abs().max() > 1e-2
+    whole = m.chain_log_prob(*inp[:5], chain=chain, num_steps=4, noise_level=0.5)
+    torch.testing.assert_close(whole, out["log_prob"], atol=1e-4, rtol=0)
+    m.train()
+    params = [p for p in m.parameters() if p.requires_grad]
+    g_whole = torch.autograd.grad(m.chain_log_prob(*inp[:5], chain=chain, num_steps=4, noise_level=0.5).sum(), params,
+                                  allow_unused=True)
+    g_steps = torch.autograd.grad(sum(m.step_log_prob(*inp[:5], chain=chain, sde_step=k, num_steps=4, noise_level=0.5)
+                                      for k in range(4)).sum(), params, allow_unused=True)
+    named = dict(zip([n for n, p in m.named_parameters() if p.requires_grad], zip(g_whole, g_steps)))
+    vision = [n for n in named if "vision" in n or "siglip" in n]
+    assert vision and any(named[n][0] is not None and named[n][0].abs().max() > 0 for n in vision)
+    for n, (a, b) in named.items():  # None: unused by the cached path (the last layer's prefix queries), 0 in the joint
+        if a is None or b is None:
+            assert all(g is None or not g.any() for g in (a, b)), n
+        else:
+            torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3, msg=n)
+    with pytest.raises(ValueError, match="mixes whole-chain"):
+        m.step_log_prob(*inp[:5], chain=chain, sde_step=torch.tensor([EVERY_STEP, 0]), num_steps=4, noise_level=0.5)

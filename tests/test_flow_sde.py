@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from pi0.models.flow_sde import (check_sde, gaussian_log_prob, masked_sum, pick_sde_step, sde_integrate,
+from pi0.models.flow_sde import (DRAWN, EVERY_STEP, chain_coefficients, check_sde, gaussian_log_prob, masked_sum,
+                                 pick_sde_step, sampler_step, sde_coefficients, sde_integrate, sde_steps,
                                  sde_step_moments, sde_times)
 from pi0.policies.presets import synthetic_observation, tiny_policy
 from pi0.ript.objectives import clipped_surrogate
@@ -179,8 +180,9 @@ def test_one_ppo_iteration_collects_chains_and_updates(pi05):
     finally:
         runner.close()
     assert load_config("debug_train_pi0", ["algo.sde_step=0"], check_paths=False).algo.sde_step == 0
+    assert load_config("debug_train_pi0", ["algo.sde_step=-2"], check_paths=False).algo.sde_step == EVERY_STEP
     with pytest.raises(Exception, match="algo.sde_step"):
-        load_config("debug_train_pi0", ["algo.sde_step=-2"], check_paths=False)
+        load_config("debug_train_pi0", ["algo.sde_step=-3"], check_paths=False)
     assert load_config("debug_train_pi0", ["algo.sde_kind=cps", "algo.noise_level=0.5"],
                        check_paths=False).algo.sde_kind == "cps"
     with pytest.raises(Exception, match="algo.sde_kind"):
@@ -330,3 +332,72 @@ def test_sde_integrate_by_hand():
     with pytest.raises(ValueError, match="sde_step must be in"):
         sde_integrate(velocity, torch.ones(1, 1, 1), 2, 2, coefs, eps)
     assert len(calls) == n_calls  # refused before any velocity is computed
+
+
+def test_sde_integrate_every_step_by_hand():
+    """EVERY_STEP: v = 1, N = 2 (dt 0.5), per-step (1 - t, coef, std) = (0.5, 0.1, 0.2) then (0.5, 0.2, 0.3), eps = 1:
+    step 0: mean = 1 - 0.5 - 0.1 (1 + 0.5) = 0.35, x1 = 0.55; step 1: mean = 0.55 - 0.5 - 0.2 (0.55 + 0.5) = -0.16,
+    x2 = 0.14; the log-density is the sum of both steps' (each at z = 1)."""
+    draws: list[int] = []
+
+    def eps():
+        draws.append(1)
+        return torch.ones(1, 1, 1)
+
+    coefs = (torch.tensor([0.5, 0.5]).view(2, 1, 1), torch.tensor([0.1, 0.2]).view(2, 1, 1),
+             torch.tensor([0.2, 0.3]).view(2, 1, 1))
+    chain, lp = sde_integrate(lambda k, x: torch.ones_like(x), torch.ones(1, 1, 1), 2, EVERY_STEP, coefs, eps)
+    torch.testing.assert_close(chain.flatten(), torch.tensor([1.0, 0.55, 0.14]))
+    c = 0.5 * math.log(2 * math.pi)
+    torch.testing.assert_close(lp.flatten(), torch.tensor([(-0.5 - math.log(0.2) - c) + (-0.5 - math.log(0.3) - c)]))
+    assert draws == [1, 1]  # one draw per stochastic step
+    assert list(sde_steps(3, EVERY_STEP)) == [0, 1, 2] and list(sde_steps(3, 1)) == [1]
+
+
+def test_every_step_settings():
+    """sde_step -2 (EVERY_STEP): flow_sde only; the config's -1 is the samplers' None; chain_coefficients stacks each
+    step's sde_coefficients."""
+    assert sampler_step(DRAWN) is None and sampler_step(EVERY_STEP) == EVERY_STEP and sampler_step(3) == 3
+    check_sde("flow_sde", 0.5, EVERY_STEP, 5)
+    assert pick_sde_step(5, EVERY_STEP) == EVERY_STEP
+    with pytest.raises(ValueError, match="cps cannot make every step stochastic"):
+        check_sde("cps", 0.5, EVERY_STEP, 5)
+    with pytest.raises(ValueError, match="cps cannot make every step stochastic"):
+        pick_sde_step(5, EVERY_STEP, kind="cps")
+    like = torch.zeros(1)
+    every = chain_coefficients(4, EVERY_STEP, 0.7, like)
+    for k, t in enumerate(sde_times(4)):
+        one = chain_coefficients(4, k, 0.7, like)
+        for a, b, c in zip(every, one, sde_coefficients(t, 0.25, 0.7, like)):
+            torch.testing.assert_close(b, c)
+            torch.testing.assert_close(a[k].reshape(()), b)
+
+
+def test_whole_chain_ppo_iteration():
+    """algo.sde_step=-2: every decision records the whole chain's log-density, the update recomputes it (ratio 1
+    before any step), and the trainer refuses cps with every step stochastic."""
+    from pi0.policies.pi0 import default_norm_stats
+    from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig
+    from pi0.ript.init_states import InitStateSampler
+    from pi0.ript.trainer import RIPTTrainer, RLConfig
+    from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=3),
+                            default_norm_stats(8, 7))
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        cfg = RLConfig(objective="ppo", num_groups=1, group_size=2, dynamic_sampling=False, eval_every=0,
+                       sde_step=EVERY_STEP, noise_level=0.5, opt=OptimizerConfig(minibatch_size=64, lr=1e-3, epochs=1))
+        tr = RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), cfg)
+        tr.step()
+        a_ep, b_ep = tr.last_collection.groups[0].episodes
+        assert {int(d.extras["sde_step"]) for e in (a_ep, b_ep) for d in e.decisions} == {EVERY_STEP}
+        before = [p.detach().clone() for p in pol.model.parameters()]
+        upd = tr.optimizer.step(tr.adapter.episode_windows(a_ep, 1.0) + tr.adapter.episode_windows(b_ep, -1.0))
+        assert upd["steps"] == 1 and abs(upd["ratio_mean"] - 1.0) < 1e-3 and upd["clip_frac"] == 0.0
+        assert any(not torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))
+        with pytest.raises(ValueError, match="cps cannot make every step stochastic"):
+            RIPTTrainer(pol, runner, InitStateSampler({0: [0]}), RLConfig(objective="ppo", sde_kind="cps",
+                                                                          noise_level=0.5, sde_step=EVERY_STEP))
+    finally:
+        runner.close()

@@ -47,7 +47,7 @@ from pi0.models.cuda_graphs import GraphCache, clone_outputs
 from pi0.models.flow import euler_integrate, posemb_sincos
 from pi0.models.fused import (FusedWeights, _copy_into, adarms_modulations, cache_views, cast, fused_layer,
                               mask_bias, rms, rope_tables)
-from pi0.models.flow_sde import pick_sde_step, sde_coefficients, sde_integrate, sde_times
+from pi0.models.flow_sde import chain_coefficients, pick_sde_step, sde_integrate, sde_steps, sde_times
 
 BACKENDS = ("inductor", "aot_eager", "eager")
 GRAPH_SCOPES = ("call", "loop")
@@ -491,9 +491,9 @@ class FastSampler:
     def _sde_loop(self, buf: _Buffers, time_inputs: list[torch.Tensor], num_steps: int, sde_step: int,
                   draws: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The Flow-SDE loop on static buffers: x (B,Ha,A) -> (chain (B,N+1,Ha,A), log_prob (B,Ha,A)), by
-        ``flow_sde.sde_integrate`` (the eager sampler's loop) with ``draws``: the ``sde_coefficients`` of step
-        ``sde_step``'s time ("one_minus_t", "coef", "std") and its (B,Ha,A) N(0,1) draw "eps" (the call's tensors,
-        or a graph's static copies of them)."""
+        ``flow_sde.sde_integrate`` (the eager sampler's loop) with ``draws``: the ``chain_coefficients`` of
+        ``sde_step`` ("one_minus_t", "coef", "std") and its (S,B,Ha,A) N(0,1) draws "eps", one per stochastic step
+        (the call's tensors, or a graph's static copies of them)."""
         w_x, steps = self._split(time_inputs)
 
         def velocity(k: int, x: torch.Tensor) -> torch.Tensor:
@@ -501,7 +501,8 @@ class FastSampler:
                 return self._step_fn(x, steps[k], w_x, *buf.step_args)
 
         coefs = (draws["one_minus_t"], draws["coef"], draws["std"])
-        return sde_integrate(velocity, buf.x, num_steps, sde_step, coefs, lambda: draws["eps"].to(buf.x.device))
+        eps = iter(draws["eps"])  # (S,B,Ha,A): one draw per stochastic step, in step order
+        return sde_integrate(velocity, buf.x, num_steps, sde_step, coefs, lambda: next(eps).to(buf.x.device))
 
     def _replay(self, key: tuple, loop: Callable[[], Any], copy_out: Callable[[Any], Any] = clone_outputs) -> Any:
         """Run ``loop`` (tensors, or a tuple of them, from static buffers) as one CUDA graph (``self.graphs``),
@@ -623,14 +624,15 @@ class FastSampler:
         before the replay (no other call of the generator lies between) and one graph is captured per ``sde_step``.
         """
         times = sde_times(num_steps)
-        dt = 1.0 / num_steps
         sde_step = pick_sde_step(num_steps, sde_step, generator, sde_kind)
         noise = self._check_call(state, noise, num_steps)
         use_graph = self._use_graph(state.device)
         time_inputs = self._time_inputs(times, state.shape[0], state.device)
         want_value = bool(self.model.cfg.value_head)
-        coefs = sde_coefficients(times[sde_step], dt, noise_level, noise.to(state.device, torch.float32), sde_kind)
-        eps = torch.randn(noise.shape, generator=generator, device="cpu")  # the eager draw, on the CPU
+        coefs = chain_coefficients(num_steps, sde_step, noise_level, noise.to(state.device, torch.float32), sde_kind)
+        # the eager draws, on the CPU, one randn per stochastic step in the same order
+        eps = torch.stack([torch.randn(noise.shape, generator=generator, device="cpu")
+                           for _ in sde_steps(num_steps, sde_step)])
         draws = {"one_minus_t": coefs[0], "coef": coefs[1], "std": coefs[2], "eps": eps}
         if use_graph and self.graph_scope == "call":
             def body(buf: _Buffers, st: dict[str, Any], v: torch.Tensor | None) -> tuple:

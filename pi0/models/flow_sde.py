@@ -20,6 +20,11 @@ again, and the last step (s = 0) cannot be stochastic. Both kinds share the mean
 the samplers and the update differ only in (coef, std). These are pure functions; ``PI0Model.sample_actions_sde``
 runs them on the model and records the chain, and the RL update recomputes a recorded step's log-density under new
 weights (``step_log_prob``).
+
+Which steps are stochastic: one step k (fixed, or drawn per call: RLinf's hybrid ODE/SDE sampler), or, with
+``sde_step = EVERY_STEP``, all N of them (flow_sde only), as Flow-GRPO samples; the chain's log-density is then the sum
+of the N steps' (``PI0Model.chain_log_prob``), so a PPO ratio on it sees every step that moves the executed actions,
+where a one-step ratio sees only step k's share (``bench/rl_drift.py`` measures that share).
 """
 
 from __future__ import annotations
@@ -47,6 +52,18 @@ def _sde_times(num_steps: int) -> tuple[float, ...]:
 
 
 SDE_KINDS = ("flow_sde", "cps")
+DRAWN = -1  # a config's ``sde_step`` value: one step drawn uniformly per sampler call (the samplers' None)
+EVERY_STEP = -2  # ``sde_step`` value: every denoising step stochastic, one log-density for the whole chain
+
+
+def sampler_step(setting: int) -> int | None:
+    """A config's ``sde_step`` (DRAWN, EVERY_STEP or a step k) -> the samplers' argument (None for DRAWN)."""
+    return None if setting == DRAWN else int(setting)
+
+
+def sde_steps(num_steps: int, sde_step: int) -> range:
+    """The stochastic steps of a chain whose ``sde_step`` is k (range(k, k + 1)) or EVERY_STEP (range(num_steps))."""
+    return range(num_steps) if sde_step == EVERY_STEP else range(sde_step, sde_step + 1)
 
 
 def stochastic_steps(num_steps: int, kind: str) -> int:
@@ -59,13 +76,16 @@ def stochastic_steps(num_steps: int, kind: str) -> int:
 
 def check_sde(kind: str, noise_level: float, sde_step: int | None, num_steps: int) -> None:
     """ValueError (one line) for a stochastic step these settings cannot make: an unknown ``kind``, a noise level
-    <= 0 (or > 1 for cps, where it is eta), or a step ``kind`` cannot make stochastic (cps: not the last)."""
+    <= 0 (or > 1 for cps, where it is eta), or a step ``kind`` cannot make stochastic (cps: not the last, so not
+    EVERY_STEP either)."""
     steps = stochastic_steps(num_steps, kind)
     if not noise_level > 0 or (kind == "cps" and noise_level > 1):
         raise ValueError(f"noise level must be in {'(0, 1]' if kind == 'cps' else '> 0'} for {kind}, "
                          f"got {noise_level}")
-    if sde_step is None or 0 <= sde_step < steps:
+    if sde_step is None or 0 <= sde_step < steps or (sde_step == EVERY_STEP and kind == "flow_sde"):
         return
+    if sde_step == EVERY_STEP:
+        raise ValueError(f"cps cannot make every step stochastic (sde_step {EVERY_STEP}): its last step's std is 0")
     if kind == "cps" and sde_step == num_steps - 1:
         raise ValueError(f"cps cannot make the last denoising step ({num_steps - 1}) stochastic: its next time is 0, "
                          f"so its std is 0; got sde_step {sde_step}")
@@ -125,27 +145,42 @@ def sde_integrate(velocity: Callable[[int, torch.Tensor], torch.Tensor], x: torc
                   sde_step: int, coefs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                   eps: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The Flow-SDE chain from x (B,H,A) at t = 1: ``velocity(k, x_k)`` the model's v at step k's time (``sde_times``),
-    Euler steps x - dt v except step ``sde_step``, a draw from N(mean, std^2) with ``coefs`` = :func:`sde_coefficients`
-    of its time and ``eps()`` its (B,H,A) N(0,1) noise, called once -> (chain (B,N+1,H,A): x at t = 1, 1 - dt, ..., 0,
-    log_prob (B,H,A): log N(chain[:, k+1]; mean, std^2) of that step).
+    Euler steps x - dt v except the stochastic ones (``sde_steps``: step ``sde_step``, or all with EVERY_STEP), each a
+    draw from N(mean, std^2) with ``coefs`` = :func:`sde_coefficients` of its time (with EVERY_STEP: of all N times,
+    each (N,1,1), indexed per step) and ``eps()`` its (B,H,A) N(0,1) noise, called once per stochastic step in step
+    order -> (chain (B,N+1,H,A): x at t = 1, 1 - dt, ..., 0, log_prob (B,H,A): the stochastic steps'
+    log N(chain[:, k+1]; mean_k, std_k^2) summed, the chain's log-density given chain[:, 0]).
 
     The one loop of both samplers (``PI0Model.sample_actions_sde``, ``FastSampler.sample_actions_sde``); as in
-    RLinf's hybrid ODE/SDE sampler, one stochastic step per call, shared by the batch.
+    RLinf's hybrid ODE/SDE sampler, one stochastic step per call shared by the batch, or (EVERY_STEP) as in
+    Flow-GRPO, every step stochastic so that the ratio sees every step that moves the actions.
     """
-    if not 0 <= sde_step < num_steps:  # before any velocity is computed
-        raise ValueError(f"sde_step must be in [0, {num_steps}), got {sde_step}")
+    if not (0 <= sde_step < num_steps or sde_step == EVERY_STEP):  # before any velocity is computed
+        raise ValueError(f"sde_step must be in [0, {num_steps}) or EVERY_STEP ({EVERY_STEP}), got {sde_step}")
     dt = 1.0 / num_steps
+    stochastic = sde_steps(num_steps, sde_step)
     chain, log_prob = [x], None
     for k in range(num_steps):
         v = velocity(k, x)
-        if k == sde_step:
-            mean = sde_mean(x, v, dt, coefs[0], coefs[1])
-            x = mean + coefs[2] * eps()
-            log_prob = gaussian_log_prob(x, mean, coefs[2])
+        if k in stochastic:
+            one_minus_t, coef, std = coefs if sde_step != EVERY_STEP else (c[k] for c in coefs)
+            mean = sde_mean(x, v, dt, one_minus_t, coef)
+            x = mean + std * eps()
+            lp = gaussian_log_prob(x, mean, std)
+            log_prob = lp if log_prob is None else log_prob + lp
         else:
             x = x - dt * v  # the deterministic Euler step (t decreasing)
         chain.append(x)
     return torch.stack(chain, 1), log_prob
+
+
+def chain_coefficients(num_steps: int, sde_step: int, noise_level: float, like: torch.Tensor, kind: str = "flow_sde"
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``coefs`` of :func:`sde_integrate`: :func:`sde_coefficients` of step ``sde_step``'s time (scalars), or with
+    EVERY_STEP of all N times (each (N,1,1))."""
+    times = sde_times(num_steps)
+    t = times[sde_step] if sde_step != EVERY_STEP else torch.tensor(times, dtype=torch.float64)
+    return sde_coefficients(t, 1.0 / num_steps, noise_level, like, kind)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -155,10 +190,13 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def pick_sde_step(num_steps: int, sde_step: int | None, generator: torch.Generator | None = None,
                   kind: str = "flow_sde") -> int:
-    """The stochastic step of one Flow-SDE call: ``sde_step``, or (None) one drawn uniformly from the steps ``kind``
-    can make stochastic (flow_sde: 0..N-1, cps: 0..N-2) with ``generator`` (one randint call: eager and fast
-    samplers draw alike); ValueError outside that range."""
+    """The stochastic step of one Flow-SDE call: ``sde_step`` (EVERY_STEP for flow_sde), or (None) one drawn
+    uniformly from the steps ``kind`` can make stochastic (flow_sde: 0..N-1, cps: 0..N-2) with ``generator`` (one
+    randint call: eager and fast samplers draw alike); ValueError outside that range."""
     steps = stochastic_steps(num_steps, kind)
+    if sde_step == EVERY_STEP:
+        check_sde(kind, 1.0, sde_step, num_steps)
+        return EVERY_STEP
     if sde_step is None:
         sde_step = int(torch.randint(steps, (1,), generator=generator))
     if not 0 <= sde_step < steps:

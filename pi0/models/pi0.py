@@ -17,8 +17,8 @@ from pi0.models.attention import make_attn_mask, make_positions
 from pi0.models.config import Pi0Config
 from pi0.models.fast_sampler import FastSampler
 from pi0.models.flow import cfg_combine, euler_integrate, flow_matching_pair, posemb_sincos, sample_time
-from pi0.models.flow_sde import (gaussian_log_prob, pick_sde_step, sde_coefficients, sde_integrate, sde_step_moments,
-                                 sde_times)
+from pi0.models.flow_sde import (EVERY_STEP, chain_coefficients, gaussian_log_prob, pick_sde_step, sde_integrate,
+                                 sde_step_moments, sde_times)
 from pi0.models.paligemma_with_expert import KVCache, PaliGemmaWithExpert, pack_kv_cache
 
 # Parameters kept in float32 under openpi's bf16 mixed precision: norms, patch and position embeddings,
@@ -407,10 +407,10 @@ class PI0Model(nn.Module):
                            generator: torch.Generator | None = None, sde_kind: str = "flow_sde",
                            return_prefix: bool = False) -> dict[str, Any]:
         """Flow-SDE sampling (``pi0.models.flow_sde``): Euler steps, except step ``sde_step`` k (default: drawn
-        uniformly from 0..N-1 with ``generator``), a Gaussian transition of ``sde_kind`` (flow_sde, or cps: then
-        k < N-1). noise (B,H,A) ->
+        uniformly from 0..N-1 with ``generator``; ``flow_sde.EVERY_STEP``: all of them), a Gaussian transition of
+        ``sde_kind`` (flow_sde, or cps: then k < N-1). noise (B,H,A) ->
         {"actions" (B,H,A), "chain" (B,N+1,H,A): x at t = 1, 1-1/N, ..., 0, "sde_step" k,
-         "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise,
+         "log_prob" (B,H,A): log N(chain[:, k+1]; mean_k, std_k) elementwise (summed over the stochastic steps),
          "value" (B,) the value head's V of the observation, with ``cfg.value_head``,
          with ``return_prefix``: "prefix" = (the prefix's kv cache packed (B, depth, Tp, 2K, H), its pad (B, Tp)),
          what the update of a frozen prefix reuses instead of encoding it again (``predict_velocity(prefix=)``)}.
@@ -424,7 +424,6 @@ class PI0Model(nn.Module):
                                                         num_steps, noise_level, sde_step, generator, sde_kind,
                                                         return_prefix)
         times = sde_times(num_steps)
-        dt = 1.0 / num_steps
         sde_step = pick_sde_step(num_steps, sde_step, generator, sde_kind)
         kv_cache, prefix_pad, p_out = self.encode_prefix(images, img_masks, lang_tokens, lang_masks, return_output=True)
         x = noise.float()
@@ -438,7 +437,7 @@ class PI0Model(nn.Module):
                 value = self.value_from(p_out, prefix_pad, s_out)
             return v
 
-        coefs = sde_coefficients(times[sde_step], dt, noise_level, x, sde_kind)
+        coefs = chain_coefficients(num_steps, sde_step, noise_level, x, sde_kind)
         eps = lambda: torch.randn(x.shape, generator=generator, device="cpu").to(x.device)  # noqa: E731
         chain, log_prob = sde_integrate(velocity, x, num_steps, sde_step, coefs, eps)
         out = {"actions": chain[:, -1], "chain": chain, "sde_step": sde_step, "log_prob": log_prob}
@@ -454,12 +453,20 @@ class PI0Model(nn.Module):
         """log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) under the current weights, with gradient
         [, with ``return_value``: the value head's V (B,) from the same pass].
 
-        chain (B,N+1,H,A); ``sde_step`` k: one int, or (B,) per sample. The recorded step of ``sample_actions_sde``
-        re-evaluated (PPO's new log-probability); unchanged weights give the recorded ``log_prob``. ``prefix``: a
-        frozen prefix's cache (:meth:`predict_velocity`).
+        chain (B,N+1,H,A); ``sde_step`` k: one int, or (B,) per sample; EVERY_STEP (for the whole batch): the sum
+        over all N steps (:meth:`chain_log_prob`). The recorded step of ``sample_actions_sde`` re-evaluated (PPO's new
+        log-probability); unchanged weights give the recorded ``log_prob``. ``prefix``: a frozen prefix's cache
+        (:meth:`predict_velocity`).
         """
         b = chain.shape[0]
         k = torch.as_tensor(sde_step, device=chain.device).long().expand(b)
+        if bool((k == EVERY_STEP).any()):
+            if not bool((k == EVERY_STEP).all()):
+                raise ValueError("a batch mixes whole-chain (EVERY_STEP) windows with one-step windows")
+            if return_value:
+                raise ValueError("the value baseline reads one step's pass; a whole-chain (EVERY_STEP) ratio has N")
+            return self.chain_log_prob(images, img_masks, lang_tokens, lang_masks, state, chain, num_steps,
+                                       noise_level, prefix, sde_kind)
         rows = torch.arange(b, device=chain.device)
         t = torch.tensor(sde_times(num_steps), dtype=torch.float32, device=chain.device)[k]  # (B,)
         x = chain[rows, k].float()
@@ -469,6 +476,33 @@ class PI0Model(nn.Module):
         mean, std = sde_step_moments(x, v, t, 1.0 / num_steps, noise_level, sde_kind)
         lp = gaussian_log_prob(chain[rows, k + 1].float(), mean, std)
         return (lp, value) if return_value else lp
+
+    def chain_log_prob(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
+                       lang_masks: torch.Tensor, state: torch.Tensor, chain: torch.Tensor, num_steps: int,
+                       noise_level: float, prefix: tuple[KVCache, torch.Tensor] | None = None,
+                       sde_kind: str = "flow_sde") -> torch.Tensor:
+        """sum_k log N(chain[:, k+1]; mean_k(chain[:, k]), std_k) (B,H,A) over all N steps, with gradient: the
+        whole chain's log-density given chain[:, 0] (a chain sampled with ``sde_step=EVERY_STEP``).
+
+        The prefix is encoded once (with gradient unless it is frozen, or given as ``prefix``) and its cache serves
+        all N velocity evaluations in one suffix pass of N*B rows (step-major), so the cost is one prefix and N
+        suffixes, not N whole passes.
+        """
+        b, n = chain.shape[0], num_steps
+        if chain.shape[1] != n + 1:
+            raise ValueError(f"chain has {chain.shape[1] - 1} steps, expected num_steps {n}")
+        if prefix is None:
+            frozen = self.caches_prefix()
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+                prefix = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
+        cache = [(kk.repeat(n, *(1,) * (kk.ndim - 1)), vv.repeat(n, *(1,) * (vv.ndim - 1))) for kk, vv in prefix[0]]
+        pad = prefix[1].repeat(n, 1)
+        t = torch.tensor(sde_times(n), dtype=torch.float32, device=chain.device).repeat_interleave(b)  # (N*B,)
+        x = chain[:, :n].float().transpose(0, 1).reshape(n * b, *chain.shape[2:])  # step-major: row k*B + i
+        v = self.denoise_step(cache, pad, state.repeat(n, *(1,) * (state.ndim - 1)), x, t)
+        mean, std = sde_step_moments(x, v, t, 1.0 / n, noise_level, sde_kind)
+        nxt = chain[:, 1:].float().transpose(0, 1).reshape(n * b, *chain.shape[2:])
+        return gaussian_log_prob(nxt, mean, std).reshape(n, b, *chain.shape[2:]).sum(0)
 
     def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

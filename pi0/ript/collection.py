@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pi0.models.flow_sde import sampler_step
 from pi0.policies.libero import construct_libero_observation, window_extras
 from pi0.rollout import ChunkPolicy, Episode, RolloutRunner
 from pi0.rollout.types import PolicyOutput
@@ -273,8 +274,9 @@ def release_prefixes(episodes: Sequence[Episode]) -> None:
 
 def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: torch.Generator,
                   sde_kind: str = "flow_sde", record_prefix: bool = False) -> SDEChunkPolicy:
-    """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call) and ``algo.sde_kind``,
+    """The Flow-SDE collector of ``algo.sde_step`` (-1: a uniformly drawn step per call, -2: every step) and
+    ``algo.sde_kind``,
     shared by the RL arm and RFT so that both collect exactly alike (``record_prefix``: the RL arm's frozen-prefix
     caches for its update, ``SDEChunkPolicy``)."""
-    return SDEChunkPolicy(policy, noise_level, generator, None if sde_step < 0 else int(sde_step), sde_kind,
+    return SDEChunkPolicy(policy, noise_level, generator, sampler_step(sde_step), sde_kind,
                           record_prefix)

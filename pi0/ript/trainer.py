@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pi0.models.flow_sde import check_sde
+from pi0.models.flow_sde import check_sde, sampler_step
 from pi0.policies.libero import Pi0ChunkPolicy
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
@@ -53,7 +53,8 @@ class RLConfig:
     # (bench/README.md, noise level)
     noise_level: float = 1.0
     # ppo: the stochastic denoising step. 0 (t = 1): its noise moves the chunk enough for the advantage to credit it;
-    # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement)
+    # -1 = drawn uniformly per decision batch, as RLinf (did not learn here: bench/README.md, RL improvement);
+    # -2 = every step stochastic and the ratio of the whole chain's log-density (Flow-GRPO; flow_sde only)
     sde_step: int = 0
     # ppo: the stochastic step's transition. "flow_sde" (Flow-GRPO / RLinf); "cps": Coefficients-Preserving Sampling
     # (Flow-CPS), whose step keeps the deterministic chain's marginal coefficients, noise_level = its eta in (0, 1]
@@ -109,7 +110,7 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
         if cfg.value_baseline:
             policy.model.enable_value_head()
             policy.config.model = policy.model.cfg
-        check_sde(cfg.sde_kind, cfg.noise_level, None if cfg.sde_step < 0 else cfg.sde_step,
+        check_sde(cfg.sde_kind, cfg.noise_level, sampler_step(cfg.sde_step),
                   policy.config.num_steps)
         return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline, cfg.sde_kind)
     if cfg.value_baseline:

@@ -179,7 +179,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.trainable": (lambda v: v in TRAINABLE, f"one of {TRAINABLE}"),
     "algo.precision": (lambda v: v in PRECISIONS, f"one of {PRECISIONS}"),
     "algo.noise_level": (lambda v: v > 0.0, "> 0 (Flow-SDE noise level a; 1.0 at sde_step 0, RLinf: 0.3-0.5)"),
-    "algo.sde_step": (lambda v: v >= -1, ">= -1 (-1: a uniformly drawn step; k: always step k < policy num_steps)"),
+    "algo.sde_step": (lambda v: v >= -2, ">= -2 (-1: a uniformly drawn step; -2: every step, the whole chain's ratio; "
+                                         "k: always step k < policy num_steps)"),
     "algo.sde_kind": (lambda v: v in SDE_KINDS, f"one of {SDE_KINDS} (cps: algo.noise_level is its eta, <= 1)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
