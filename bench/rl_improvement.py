@@ -199,8 +199,8 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
             raise SystemExit(f"error: --{name} must be one of {LR_SCHEDULES}, got {getattr(cfg, name)!r}")
     if not -2 <= cfg.sde_step < TinyArenaConfig.num_steps:
         raise SystemExit(f"error: --sde_step must be -1 (drawn), -2 (every step) or a denoising step "
-                         f"0..{TinyArenaConfig.num_steps - 1} "
-                         f"of the bench's {TinyArenaConfig.num_steps}-step policy, got {cfg.sde_step}")
+                         f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy, "
+                         f"got {cfg.sde_step}")
     check_sde_settings(cfg, {}, "--noise_level / --sde_step / --sde_kind")
     if cfg.stage == "tune" and cfg.tuned:
         raise SystemExit("error: --tuned applies to --stage report; the tune stage writes tune.json")
@@ -238,8 +238,8 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: trainable must be one of {TRAINABLE}")
         if key == "sde_step" and not -2 <= out[key] < TinyArenaConfig.num_steps:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: sde_step must be -1 (drawn), -2 (every step) or a "
-                             f"denoising step "
-                             f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy")
+                             f"denoising step 0..{TinyArenaConfig.num_steps - 1} of the bench's "
+                             f"{TinyArenaConfig.num_steps}-step policy")
     return out
 
 

@@ -9,11 +9,11 @@ policy the bench reports (issue 39's measured reason on MetaWorld, bench/README.
         --sde 1.0:0 --json_out runs/sde_gap.json
 
 ``--policy NAME=DIR`` (checkpoints: ``model.safetensors`` + ``config.json`` + ``norm_stats.json``), ``--sde
-NOISE_LEVEL:STEP[:KIND]`` per stochastic sampler (``STEP`` -1: drawn per call, -2: every step; ``KIND`` flow_sde, the default, or
-cps: ``pi0.models.flow_sde``). Deterministic episodes draw their noise keyed to (``--seed`` + 100, task, state,
-repeat, decision) as the bench's evaluation does, so they are paired across policies; stochastic episodes draw from
-one generator per sampler and policy, seeded alike, so their rates are compared with each rate's own standard
-error. The env runner is the RL bench's (2 x 4 x 8 envs; MetaWorld: 2 worker processes).
+NOISE_LEVEL:STEP[:KIND]`` per stochastic sampler (``STEP`` -1: drawn per call, -2: every step; ``KIND`` flow_sde,
+the default, or cps: ``pi0.models.flow_sde``). Deterministic episodes draw their noise keyed to (``--seed`` + 100,
+task, state, repeat, decision) as the bench's evaluation does, so they are paired across policies; stochastic
+episodes draw from one generator per sampler and policy, seeded alike, so their rates are compared with each rate's
+own standard error. The env runner is the RL bench's (2 x 4 x 8 envs; MetaWorld: 2 worker processes).
 """
 
 from __future__ import annotations

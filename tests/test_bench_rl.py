@@ -229,9 +229,14 @@ def test_tuned_settings_are_checked_before_any_work(tmp_path):
         bench.splits(cfg("--tune_rl", "lr=1e-4"))
     with pytest.raises(SystemExit, match="is not a float"):
         bench.parse_entry("lr=fast", "rl")
-    with pytest.raises(SystemExit, match="sde_step must be -1 .drawn. or a denoising step 0..4"):
+    with pytest.raises(SystemExit, match="sde_step must be -1 .drawn., -2 .every step. or a denoising step 0..4"):
         bench.parse_entry("sde_step=9", "rl")  # the bench's policy takes 5 Euler steps
+    with pytest.raises(SystemExit, match="sde_step must be -1"):
+        bench.parse_entry("sde_step=-3", "rl")
     assert bench.parse_entry("sde_step=4", "rl") == {"sde_step": 4}
+    assert bench.parse_entry("sde_step=-2", "rl") == {"sde_step": -2}  # the whole chain (flow_sde.EVERY_STEP)
+    with pytest.raises(SystemExit, match="cps cannot make every step stochastic"):
+        bench.splits(cfg("--sde_step", "-2", "--sde_kind", "cps", "--noise_level", "0.5"))
     assert bench.parse_entry("trainable=expert,lr=3e-5", "rl") == {"trainable": "expert", "lr": 3e-5}
     with pytest.raises(SystemExit, match="trainable must be one of"):
         bench.parse_entry("trainable=vlm", "rl")
