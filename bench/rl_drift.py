@@ -40,7 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: the report's Config, start and runner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pi0.models.flow_sde import EVERY_STEP, check_sde, sde_step_moments, sde_times  # noqa: E402
+from pi0.models.flow_sde import (EVERY_STEP, chain_coefficients, check_sde, sde_integrate,  # noqa: E402
+                                 sde_step_moments, sde_times)
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.ript.collection import sde_collector  # noqa: E402
 from pi0.ript.objectives import PPOObjective  # noqa: E402
@@ -49,9 +50,9 @@ from pi0.utils.cli import parse_config  # noqa: E402
 Velocity = Callable[[int, torch.Tensor], torch.Tensor]  # (denoising step j, x_j (B,H,A)) -> v (B,H,A)
 
 
-def euler(velocity: Velocity, x: torch.Tensor, first: int, num_steps: int) -> torch.Tensor:
-    """x (B,H,A) at step ``first``'s time -> the action after Euler steps first..N-1 of ``velocity`` (B,H,A)."""
-    for j in range(first, num_steps):
+def euler(velocity: Velocity, x: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """x (B,H,A) at t = 1 -> the deterministic action after the N Euler steps of ``velocity`` (B,H,A)."""
+    for j in range(num_steps):
         x = x - velocity(j, x) / num_steps  # as PI0Model.sample_actions: x_{t-d} = x_t - d v (t decreasing)
     return x
 
@@ -70,22 +71,18 @@ def split_drift(vel_p: Velocity, vel_q: Velocity, x0: torch.Tensor, eps: torch.T
     """Policies P and Q (their velocities), the chain's start x0 and step k's N(0,1) draw eps (B,H,A) ->
     {"start": P's Flow-SDE action, "seen": P's chain with step k's mean taken from Q (at P's x_k), "moved": Q's
     chain, "scored_p"/"scored_q": each one's Euler (deterministic) action from x0 (all (B,H,A)), "mean_shift":
-    Q's step-k mean minus P's at P's x_k (B,H,A), "std": step k's std}; every chain on the same x0 and eps."""
-    n, dt, t = num_steps, 1.0 / num_steps, sde_times(num_steps)[k]
+    Q's step-k mean minus P's at P's x_k (B,H,A), "std": step k's std}; every chain on the same x0 and eps, each run
+    by the samplers' own loop (``flow_sde.sde_integrate``)."""
+    coefs = chain_coefficients(num_steps, k, noise_level, x0, kind)
 
-    def upto_k(vel: Velocity) -> torch.Tensor:  # the Euler steps before the stochastic one
-        x = x0
-        for j in range(k):
-            x = x - vel(j, x) * dt
-        return x
+    def chain(vel: Velocity) -> torch.Tensor:  # (B,N+1,H,A)
+        return sde_integrate(vel, x0, num_steps, k, coefs, lambda: eps)[0]
 
-    xp, xq = upto_k(vel_p), upto_k(vel_q)
-    mean_p, std = sde_step_moments(xp, vel_p(k, xp), t, dt, noise_level, kind)
-    mean_q, _ = sde_step_moments(xp, vel_q(k, xp), t, dt, noise_level, kind)
-    mq, _ = sde_step_moments(xq, vel_q(k, xq), t, dt, noise_level, kind)
-    return {"start": euler(vel_p, mean_p + std * eps, k + 1, n), "seen": euler(vel_p, mean_q + std * eps, k + 1, n),
-            "moved": euler(vel_q, mq + std * eps, k + 1, n), "scored_p": euler(vel_p, x0, 0, n),
-            "scored_q": euler(vel_q, x0, 0, n), "mean_shift": mean_q - mean_p, "std": std}
+    start, moved = chain(vel_p), chain(vel_q)
+    seen = chain(lambda j, x: (vel_q if j == k else vel_p)(j, x))  # P's steps, Q's velocity at step k only
+    # seen and start share x_k and eps, so their step-k outputs differ by exactly the two means' difference
+    return {"start": start[:, -1], "seen": seen[:, -1], "moved": moved[:, -1], "scored_p": euler(vel_p, x0, num_steps),
+            "scored_q": euler(vel_q, x0, num_steps), "mean_shift": seen[:, k + 1] - start[:, k + 1], "std": coefs[2]}
 
 
 def drift_sums(parts: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float | np.ndarray]:
