@@ -10,9 +10,9 @@ Protocol:
 2. Arms, each in its own process from the same start, each for ``--minutes`` of wall-clock, either side by side
    (``--arm_schedule side_by_side``: they share the machine's 2 cores, about 2/3 of a core each) or each pinned to a
    core of its own (``core_each``: RL and SFT at once, then RFT; an arm runs one torch thread, and a second thread
-   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
-   (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts, collected
-   as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
+   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg | fpo),
+   ``sft`` (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts,
+   collected as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
    checkpoints along its budget and evaluates them afterwards (the intermediate ones on the first ``--curve_states``
    held-out states per task when it is set: the curve's shape for less evaluation time; the last one on all).
 3. Evaluation: success on ``--eval_states`` held-out init states per task (disjoint from the training and validation
@@ -63,7 +63,7 @@ from pi0.evaluation.paired import paired_difference, per_task, rate_se as se  # 
 from pi0.models.flow_sde import check_sde, sampler_step  # noqa: E402
 from pi0.modeling_pi0 import PI0Policy  # noqa: E402
 from pi0.models.pi0 import TRAINABLE  # noqa: E402
-from pi0.ript.objectives import FlowMatchingObjective  # noqa: E402
+from pi0.ript.objectives import OBJECTIVES, FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
 from pi0.ript.update import LR_SCHEDULES, OptimizerConfig, PolicyUpdate, lr_scale_at  # noqa: E402
@@ -75,7 +75,7 @@ from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
 ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
-                       "rl_schedule", "trainable"),
+                       "rl_schedule", "trainable", "fpo_draws"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
@@ -95,7 +95,7 @@ class Config:
     # side_by_side: the three arms at once, sharing every core (on 2 cores each gets about 2/3 of one); core_each: each
     # arm pinned to a core of its own for its budget (on 2 cores: RL and SFT, then RFT); the tune stage runs alike
     arm_schedule: str = "side_by_side"
-    objective: str = "ppo"  # the RL arm's objective: ppo | cfg
+    objective: str = "ppo"  # the RL arm's objective: ppo | cfg | fpo (pi0.ript.objectives)
     # the start
     num_demos: int = 200  # expert demos per task (init states 0..n-1); 200 -> a plateau near 0.4 on task 4
     # the start's validation plateau must lie in [lo, hi] (the issue's 0.15-0.5): outside it, N is scaled by 0.75
@@ -152,7 +152,8 @@ class Config:
     sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch, -2: every step;
     # RLConfig.sde_step)
     sde_kind: str = "flow_sde"  # ppo (and RFT's collection): the step's transition, flow_sde | cps (RLConfig.sde_kind)
-    clip: float = 0.2  # ppo
+    clip: float = 0.2  # ppo, fpo
+    fpo_draws: int = 4  # fpo: (noise, time) draws per window (RLConfig.fpo_draws)
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
     p_uncond: float = 0.3  # cfg
@@ -183,8 +184,8 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
         raise SystemExit(f"error: the init-state split overlaps: need num_demos ({cfg.num_demos}) <= train_states "
                          f"({cfg.train_states}) <= val_start ({cfg.val_start}) and val_start + max(val_states, "
                          f"tune_states) ({cfg.val_start + n_val}) <= eval_start ({cfg.eval_start})")
-    if cfg.objective not in ("ppo", "cfg"):
-        raise SystemExit(f"error: --objective must be ppo or cfg, got {cfg.objective!r}")
+    if cfg.objective not in OBJECTIVES:
+        raise SystemExit(f"error: --objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
     if cfg.env not in ENVS:
         raise SystemExit(f"error: --env must be one of {ENVS}, got {cfg.env!r}")
     n_tasks = 5 if cfg.env == "arena" else 10
@@ -389,7 +390,8 @@ def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
-                    num_groups=cfg.num_groups, group_size=cfg.group_size, p_uncond=cfg.p_uncond,
+                    fpo_draws=cfg.fpo_draws, num_groups=cfg.num_groups, group_size=cfg.group_size,
+                    p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
@@ -439,7 +441,8 @@ def run_arm(cfg: Config) -> None:
             lr=cfg.rft_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 2)
         rft(policy, windows, runner, sampler, upd.config, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
             cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,
-            fast_sampling=cfg.fast_sampling, update=upd, sde_kind=cfg.sde_kind)
+            fast_sampling=cfg.fast_sampling, update=upd, sde_kind=cfg.sde_kind,
+            rl_objective=cfg.objective)
     else:
         upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
             lr=cfg.sft_arm_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 3)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pi0.models.flow_sde import sampler_step
-from pi0.policies.libero import construct_libero_observation, window_extras
+from pi0.policies.libero import Pi0ChunkPolicy, construct_libero_observation, window_extras
 from pi0.rollout import ChunkPolicy, Episode, RolloutRunner
 from pi0.rollout.types import PolicyOutput
 from pi0.ript.algos.rloo import informative_groups, rloo_advantages
@@ -280,3 +280,13 @@ def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: tor
     caches for its update, ``SDEChunkPolicy``)."""
     return SDEChunkPolicy(policy, noise_level, generator, sampler_step(sde_step), sde_kind,
                           record_prefix)
+
+
+def rl_collector(policy: Any, objective: str, noise_level: float, sde_step: int, generator: torch.Generator,
+                 sde_kind: str = "flow_sde", record_prefix: bool = False) -> ChunkPolicy:
+    """The collector an RL objective samples with, shared by the RL arm and RFT so that both collect exactly alike:
+    ppo's Flow-SDE (:func:`sde_collector`); cfg and fpo the deterministic sampler the policy is scored with, its
+    initial noise drawn per decision from ``generator`` (``Pi0ChunkPolicy``, cfg at the policy's w)."""
+    if objective == "ppo":
+        return sde_collector(policy, noise_level, sde_step, generator, sde_kind, record_prefix)
+    return Pi0ChunkPolicy(policy, generator)

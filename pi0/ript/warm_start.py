@@ -31,7 +31,7 @@ from pi0.envs import make_env_spec
 from pi0.envs.metaworld_env import RENDER_TAG
 from pi0.rollout import Episode, RolloutRunner, RunnerConfig
 from pi0.rollout.policies import collect_expert_demos
-from pi0.ript.collection import Collection, RolloutGenerator, sde_collector
+from pi0.ript.collection import Collection, RolloutGenerator, rl_collector
 from pi0.ript.init_states import InitStateSampler
 from pi0.ript.objectives import FlowMatchingObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
@@ -502,18 +502,19 @@ def rft(policy: PI0Policy, demo_windows: Sequence[Window], runner: RolloutRunner
         opt_cfg: OptimizerConfig, seconds: float, num_groups: int = 4, group_size: int = 8, noise_level: float = 1.0,
         steps_per_iteration: int = 8, seed: int = 0, callback: Callable[[dict], None] | None = None,
         sde_step: int = 0, fast_sampling: bool = True, update: PolicyUpdate | None = None,
-        sde_kind: str = "flow_sde") -> PolicyUpdate:
+        sde_kind: str = "flow_sde", rl_objective: str = "ppo") -> PolicyUpdate:
     """Rejection-sampling fine-tuning (RFT) for ``seconds`` of wall-clock: each iteration collects K rollouts from
-    each of B init states as the PPO objective does (the same Flow-SDE collector: ``noise_level``, ``sde_step``,
-    ``sde_kind`` as ``RLConfig``, the same sampler), adds the successful ones' windows to the demo windows, and
-    takes ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no condition, no new
+    each of B init states as the RL objective ``rl_objective`` does (the same collector,
+    ``collection.rl_collector``: ppo's Flow-SDE with ``noise_level``, ``sde_step``, ``sde_kind`` as ``RLConfig``, or
+    the deterministic sampler), adds the successful ones' windows to the demo windows, and takes
+    ``steps_per_iteration`` SFT steps on minibatches drawn from the pool. No negatives, no condition, no new
     demos. ``callback`` gets the iteration's scalars and its ``Collection`` under "collection"; ``update`` continues
     a caller's ``PolicyUpdate`` (its optimizer state and schedule) instead of a fresh one of ``opt_cfg``."""
     upd = update or PolicyUpdate(FlowMatchingObjective(policy), opt_cfg, seed=seed)
     objective = upd.objective
     policy.model.enable_fast_sampling(fast_sampling)
-    gen = RolloutGenerator(runner, sde_collector(policy, noise_level, sde_step, torch.Generator().manual_seed(seed),
-                                                 sde_kind), sampler, group_size, dynamic_sampling=False, max_attempts=1)
+    collector = rl_collector(policy, rl_objective, noise_level, sde_step, torch.Generator().manual_seed(seed), sde_kind)
+    gen = RolloutGenerator(runner, collector, sampler, group_size, dynamic_sampling=False, max_attempts=1)
     pool = list(demo_windows)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
