@@ -75,7 +75,7 @@ from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
 ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
-                       "rl_schedule", "trainable", "fpo_draws"),
+                       "rl_schedule", "trainable", "fpo_draws", "episode_mean"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
@@ -154,6 +154,7 @@ class Config:
     sde_kind: str = "flow_sde"  # ppo (and RFT's collection): the step's transition, flow_sde | cps (RLConfig.sde_kind)
     clip: float = 0.2  # ppo, fpo
     fpo_draws: int = 4  # fpo: (noise, time) draws per window (RLConfig.fpo_draws)
+    episode_mean: bool = False  # each episode's windows share its advantage (RLConfig.episode_mean)
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
     p_uncond: float = 0.3  # cfg
@@ -230,7 +231,12 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {item!r} is not key=value with a key of the {arm} "
                              f"arm ({', '.join(ARM_SETTINGS[arm])})")
         try:
-            out[key] = kinds[key](value)
+            if kinds[key] is bool:
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                out[key] = value.lower() in ("true", "1")
+            else:
+                out[key] = kinds[key](value)
         except ValueError:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
         if key.endswith("_schedule") and out[key] not in LR_SCHEDULES:
@@ -390,8 +396,8 @@ def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
-                    fpo_draws=cfg.fpo_draws, num_groups=cfg.num_groups, group_size=cfg.group_size,
-                    p_uncond=cfg.p_uncond,
+                    fpo_draws=cfg.fpo_draws, episode_mean=cfg.episode_mean, num_groups=cfg.num_groups,
+                    group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,

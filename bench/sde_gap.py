@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--task", type=int, nargs="+", required=True)
     p.add_argument("--states", type=int, nargs=2, required=True, metavar=("LO", "HI"), help="init states LO..HI-1")
     p.add_argument("--policy", nargs="+", required=True, metavar="NAME=DIR")
-    p.add_argument("--sde", nargs="+", default=["1.0:0"], metavar="NOISE_LEVEL:STEP[:KIND]")
+    p.add_argument("--sde", nargs="*", default=["1.0:0"], metavar="NOISE_LEVEL:STEP[:KIND]",
+                   help="stochastic samplers to score beside the deterministic one (none: --sde alone)")
     p.add_argument("--repeats", type=int, default=1, help="episodes per state and sampler")
     p.add_argument("--seed", type=int, default=0, help="the bench seed (deterministic noise: seed + 100)")
     p.add_argument("--num_envs", type=int, default=64)

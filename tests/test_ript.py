@@ -19,7 +19,8 @@ from pi0.ript.algos.rl_optimizers.pi0_cfg_interface import (PI0_CFG_Adapter, cfg
 from pi0.ript.algos.rl_optimizers.rl_optimizer_pi0_cfg import OptimizerConfig, RLOptimizerPI0_CFG
 from pi0.ript.collection import RolloutGenerator
 from pi0.ript.objectives import CFGObjective, FlowMatchingObjective, action_target
-from pi0.ript.algos.rloo import informative_groups, optimality_labels, rloo_advantages, value_baselined_advantages
+from pi0.ript.algos.rloo import (episode_mean_advantages, informative_groups, optimality_labels, rloo_advantages,
+                                 value_baselined_advantages)
 from pi0.ript.init_states import InitStateHistory, InitStateSampler, split_states
 from pi0.ript.reward_function import BinarySuccessReward
 from pi0.ript.trainer import RIPTTrainer, RLConfig, enable_optimality_condition
@@ -56,6 +57,20 @@ def test_value_baselined_advantages_by_hand():
     assert value_baselined_advantages(0.25, np.zeros(4)).tolist() == [0.25] * 4
     with pytest.raises(ValueError, match="T >= 1"):
         value_baselined_advantages(1.0, np.zeros(0))
+
+
+def test_episode_mean_advantages_by_hand():
+    # K = 2: a success of 10 windows (A = +1) and a failure of 30 (A = -1); per window the sum is 10 - 30 = -20, a net
+    # push down; mean length 20: 1 x 20 / 10 = 2 and -1 x 20 / 30 = -2/3, and 10 x 2 + 30 x (-2/3) = 0
+    a = episode_mean_advantages(np.array([1.0, -1.0]), np.array([10, 30]))
+    np.testing.assert_allclose(a, [2.0, -2 / 3])
+    assert abs((a * np.array([10, 30])).sum()) < 1e-12
+    # equal lengths change nothing
+    np.testing.assert_allclose(episode_mean_advantages(np.array([0.5, -0.5]), np.array([7, 7])), [0.5, -0.5])
+    with pytest.raises(ValueError, match="at least one window"):
+        episode_mean_advantages(np.array([1.0]), np.array([0]))
+    with pytest.raises(ValueError, match="alike"):
+        episode_mean_advantages(np.array([1.0, 0.0]), np.array([3]))
 
 
 def test_labels_all_equal_group_has_no_positives():
@@ -627,3 +642,24 @@ def test_rft_collects_with_the_rl_arms_stochastic_step(arena_policy):
     # 2 Euler steps, cps at step 0 with eta 1: std = 0.5, so E[log N] = -log 0.5 - 1/2 - log(2 pi)/2 = -0.726
     # (flow_sde at a = 1 would draw std 1: -1.419)
     assert abs(np.concatenate(lps[0, "cps"]).mean() - (-math.log(0.5) - 0.5 - 0.5 * math.log(2 * math.pi))) < 0.1
+
+
+def test_collection_windows_episode_mean():
+    """algo.episode_mean: the windows of one RLOO group (a 2-decision success, a 6-decision failure) sum to 0; without
+    it each window carries its episode's advantage."""
+    from types import SimpleNamespace
+
+    from pi0.ript.collection import Collection, Group
+    from pi0.ript.trainer import collection_windows
+
+    class Obj:
+        def episode_windows(self, ep, advantage, reward):
+            return [{"advantage": advantage} for _ in ep.decisions]
+
+    eps = [SimpleNamespace(decisions=[0] * 2), SimpleNamespace(decisions=[0] * 6)]
+    col = Collection(groups=[Group((4, 0), eps, np.array([1.0, 0.0]), rloo_advantages(np.array([[1.0, 0.0]]))[0])])
+    plain = [w["advantage"] for w in collection_windows(Obj(), col)]
+    assert plain == [1.0] * 2 + [-1.0] * 6
+    scaled = [w["advantage"] for w in collection_windows(Obj(), col, episode_mean=True)]
+    np.testing.assert_allclose(scaled, [2.0] * 2 + [-2 / 3] * 6)
+    assert abs(sum(scaled)) < 1e-12

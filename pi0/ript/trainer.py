@@ -28,6 +28,7 @@ import torch
 from pi0.models.flow_sde import check_sde, sampler_step
 from pi0.policies.pi0 import PI0Policy
 from pi0.rollout import RolloutRunner
+from pi0.ript.algos.rloo import episode_mean_advantages
 from pi0.ript.collection import Collection, RolloutGenerator, release_prefixes, rl_collector
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import (OBJECTIVES, CFGObjective, FlowMatchingObjective, FPOObjective, PPOObjective,
@@ -60,6 +61,9 @@ class RLConfig:
     # (Flow-CPS), whose step keeps the deterministic chain's marginal coefficients, noise_level = its eta in (0, 1]
     sde_kind: str = "flow_sde"
     clip: float = 0.2  # ppo, fpo: ratio clip
+    # each episode's windows share its advantage (A * mean length / its length, pi0.ript.algos.rloo.
+    # episode_mean_advantages) instead of each window counting once, which weights the longer failed episodes more
+    episode_mean: bool = False
     fpo_draws: int = 4  # fpo: (noise, time) draws per window that estimate its log-ratio (FPOObjective)
     # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
     # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
@@ -97,10 +101,16 @@ def enable_optimality_condition(policy: PI0Policy, guidance: float | None = None
     return policy
 
 
-def collection_windows(objective: FlowMatchingObjective, col: Collection) -> list[Window]:
-    """Windows of every episode of the kept groups, each with its episode's RLOO advantage."""
-    return [w for g in col.groups for ep, a, r in zip(g.episodes, g.advantages, g.rewards)
-            for w in objective.episode_windows(ep, float(a), float(r))]
+def collection_windows(objective: FlowMatchingObjective, col: Collection, episode_mean: bool = False
+                       ) -> list[Window]:
+    """Windows of every episode of the kept groups, each with its episode's RLOO advantage (``episode_mean``: scaled
+    by mean length / the episode's length, so that each episode counts once: ``episode_mean_advantages``)."""
+    eps = [(ep, float(a), float(r)) for g in col.groups for ep, a, r in zip(g.episodes, g.advantages, g.rewards)]
+    if episode_mean and eps:
+        scaled = episode_mean_advantages(np.array([a for _, a, _ in eps]),
+                                         np.array([max(1, len(ep.decisions)) for ep, _, _ in eps]))
+        eps = [(ep, float(a), r) for (ep, _, r), a in zip(eps, scaled)]
+    return [w for ep, a, r in eps for w in objective.episode_windows(ep, a, r)]
 
 
 def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
@@ -209,7 +219,7 @@ class RIPTTrainer:
         with gathered(self.policy.model):  # FSDP2: every rank samples on its own with the gathered weights
             col = self.rollouts.collect(cfg.num_groups, counter, cfg.num_groups * self.info.world_size)
         # 3. one window per decision point of each kept episode, labelled with its episode's advantage
-        windows = collection_windows(self.objective, col)
+        windows = collection_windows(self.objective, col, cfg.episode_mean)
         # 4. the update (every rank joins, also with no windows); a frozen prefix runs on collection's caches
         upd = self.update.step(windows)
         release_prefixes([ep for g in col.groups for ep in g.episodes])

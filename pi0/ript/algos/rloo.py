@@ -33,6 +33,23 @@ def value_baselined_advantages(advantage: float, values: np.ndarray) -> np.ndarr
     return float(advantage) - (v - v[0])
 
 
+def episode_mean_advantages(advantages: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Episodes' advantages A (E,) and window counts n (E,) -> each window's advantage (E,): A * mean(n) / n.
+
+    With one window per decision, a per-window mean loss weights an episode by its length, and a failed episode runs
+    to the step limit (2-3x the windows of a success on the arena), so the windows' advantages sum below 0 even where
+    the episodes' sum to 0 (RLOO): the update pushes down the likelihood of everything it saw. Dividing by the length
+    makes each episode count once, as GRPO (Shao et al. 2024) averages a sequence's token losses within the sequence;
+    mean(n) keeps the overall scale. The windows' advantages then sum as the episodes' do (0 per RLOO group).
+    """
+    a, n = np.asarray(advantages, dtype=np.float64), np.asarray(lengths, dtype=np.float64)
+    if a.shape != n.shape or a.ndim != 1:
+        raise ValueError(f"advantages and lengths must be (E,) alike, got {a.shape} and {n.shape}")
+    if (n <= 0).any():
+        raise ValueError("every episode needs at least one window")
+    return a * n.mean() / n if len(n) else a
+
+
 def optimality_labels(advantages: np.ndarray, eps: float = 1e-9) -> np.ndarray:
     """Advantages (...) -> bool labels (...): positive iff A > 0 (an all-equal group has none)."""
     return np.asarray(advantages) > eps
