@@ -75,8 +75,7 @@ from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
 ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
-                       "rl_schedule", "trainable", "fpo_draws", "episode_mean",
-                       "ratio_dims"),
+                       "rl_schedule", "trainable", "fpo_draws", "episode_mean"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
@@ -156,7 +155,6 @@ class Config:
     clip: float = 0.2  # ppo, fpo
     fpo_draws: int = 4  # fpo: (noise, time) draws per window (RLConfig.fpo_draws)
     episode_mean: bool = False  # each episode's windows share its advantage (RLConfig.episode_mean)
-    ratio_dims: int = 0  # ppo, fpo: the leading env action dims the ratio covers (0: all; RLConfig.ratio_dims)
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
     p_uncond: float = 0.3  # cfg
@@ -398,8 +396,7 @@ def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
-                    fpo_draws=cfg.fpo_draws, episode_mean=cfg.episode_mean, ratio_dims=cfg.ratio_dims,
-                    num_groups=cfg.num_groups,
+                    fpo_draws=cfg.fpo_draws, episode_mean=cfg.episode_mean, num_groups=cfg.num_groups,
                     group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,

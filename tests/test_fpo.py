@@ -125,22 +125,3 @@ def test_rft_collects_as_fpo_collects():
         runner.close()
     assert kinds == {("model_actions",)}
     assert type(rl_collector(pol, "ppo", 1.0, 0, torch.Generator())).__name__ == "SDEChunkPolicy"
-
-
-def test_ratio_dims():
-    """algo.ratio_dims: 0 covers every env dim, 6 of the arena's 7 leaves the gripper out of the mask; out of range is
-    a one-line error."""
-    from pi0.policies.pi0 import default_norm_stats
-    from pi0.ript.objectives import check_ratio_dims
-    from pi0.ript.warm_start import TinyArenaConfig, tiny_arena_policy
-
-    assert check_ratio_dims(0, 7) == 7 and check_ratio_dims(6, 7) == 6
-    with pytest.raises(ValueError, match=r"algo.ratio_dims must be in \[0, 7\]"):
-        check_ratio_dims(8, 7)
-    from pi0.ript.objectives import FPOObjective, PPOObjective
-
-    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=3),
-                            default_norm_stats(8, 7))
-    assert FPOObjective(pol, ratio_dims=6).ratio_dims == 6 and PPOObjective(pol, 1.0).ratio_dims == pol.action_dim
-    with pytest.raises(ValueError, match="algo.ratio_dims"):
-        PPOObjective(pol, 1.0, ratio_dims=-1)

@@ -109,15 +109,6 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
     return loss, {"clip_frac": clip_frac, "ratio_mean": ratio.detach().mean().item(), "approx_kl": approx_kl}
 
 
-def check_ratio_dims(ratio_dims: int, env_dims: int) -> int:
-    """``algo.ratio_dims`` -> the number of leading env action dims a ratio covers (0: all ``env_dims``); one-line
-    error outside [0, env_dims]. E.g. 6 of LIBERO's 7 leaves the gripper (the last dim) out of the ratio."""
-    if not 0 <= int(ratio_dims) <= env_dims:
-        raise ValueError(f"algo.ratio_dims must be in [0, {env_dims}] (0: all of the env's {env_dims} action dims), "
-                         f"got {ratio_dims}")
-    return int(ratio_dims) or env_dims
-
-
 def fpo_log_density(sq_err: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-element flow-matching loss (B,M,H,A) at M draws, mask (B,H,A) -> FPO's log-density surrogate (B,):
     -1/2 x the masked sum of the squared error, averaged over the draws.
@@ -304,10 +295,9 @@ class PPOObjective(FlowMatchingObjective):
     detached, so that term trains the head alone)."""
 
     def __init__(self, policy: PI0Policy, noise_level: float, clip: float = 0.2, value_baseline: bool = False,
-                 sde_kind: str = "flow_sde", ratio_dims: int = 0):
+                 sde_kind: str = "flow_sde"):
         super().__init__(policy)
         self.noise_level, self.clip, self.sde_kind = float(noise_level), float(clip), sde_kind
-        self.ratio_dims = check_ratio_dims(ratio_dims, policy.action_dim)
         if value_baseline and not policy.model.cfg.value_head:
             raise ValueError("value_baseline needs the policy's value head: call policy.model.enable_value_head()")
         self.value_baseline = bool(value_baseline)
@@ -328,7 +318,7 @@ class PPOObjective(FlowMatchingObjective):
                 raise ValueError("episode decisions lack SDE extras: collect with pi0.ript.collection.SDEChunkPolicy")
             chain = np.asarray(ex["chain"], np.float32)
             mask = np.zeros(chain.shape[1:], np.float32)  # (H, A): the executed rows x the env's action dims
-            mask[: d.num_executed, : self.ratio_dims] = 1.0
+            mask[: d.num_executed, : self.policy.action_dim] = 1.0
             logp_old = float((np.asarray(ex["log_prob"], np.float64) * mask).sum())
             out.append(self._window(ex, chain[-1], mask, float(adv), d.step, chain=chain, sde_step=int(ex["sde_step"]),
                                     logp_old=logp_old, ret=float(reward)))
@@ -371,12 +361,11 @@ class FPOObjective(FlowMatchingObjective):
     (noise, time) pairs per window and records the surrogate log-density under the behaviour weights (the weights
     that collected); the loss is :func:`clipped_surrogate` of the surrogate re-evaluated at the same draws."""
 
-    def __init__(self, policy: PI0Policy, clip: float = 0.2, draws: int = 4, ratio_dims: int = 0):
+    def __init__(self, policy: PI0Policy, clip: float = 0.2, draws: int = 4):
         if draws < 1:
             raise ValueError(f"FPO needs at least one (noise, time) draw per window, got draws={draws}")
         super().__init__(policy)
         self.clip, self.draws = float(clip), int(draws)
-        self.ratio_dims = check_ratio_dims(ratio_dims, policy.action_dim)
 
     def episode_windows(self, episode: Episode, advantage: float = 0.0, reward: float = 0.0) -> list[Window]:
         """One window per decision point: its observation and sampled chunk, the mask the executed rows x the env's
@@ -384,7 +373,7 @@ class FPOObjective(FlowMatchingObjective):
         out = super().episode_windows(episode, advantage, reward)
         for w, d in zip(out, episode.decisions):
             mask = np.zeros_like(w["action_mask"])
-            mask[: d.num_executed, : self.ratio_dims] = 1.0
+            mask[: d.num_executed, : self.policy.action_dim] = 1.0
             w["action_mask"] = mask
         return out
 

@@ -64,9 +64,6 @@ class RLConfig:
     # each episode's windows share its advantage (A * mean length / its length, pi0.ript.algos.rloo.
     # episode_mean_advantages) instead of each window counting once, which weights the longer failed episodes more
     episode_mean: bool = False
-    # ppo, fpo: the leading env action dims the ratio covers (0: all); 6 of LIBERO's / the arena's 7 leaves the
-    # gripper out, so the update does not push its threshold-crossing value directly
-    ratio_dims: int = 0
     fpo_draws: int = 4  # fpo: (noise, time) draws per window that estimate its log-ratio (FPOObjective)
     # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
     # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
@@ -126,7 +123,7 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
             policy.config.model = policy.model.cfg
         check_sde(cfg.sde_kind, cfg.noise_level, sampler_step(cfg.sde_step),
                   policy.config.num_steps)
-        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline, cfg.sde_kind, cfg.ratio_dims)
+        return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline, cfg.sde_kind)
     if cfg.value_baseline:
         raise ValueError(f"algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
                          f"algo.objective={cfg.objective}")
@@ -134,7 +131,7 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
         if cfg.fsdp:
             raise ValueError("algo.objective=fpo records its old log-densities rank by rank, which FSDP2's collective "
                              "forwards do not allow; set algo.fsdp=false")
-        return FPOObjective(policy, cfg.clip, cfg.fpo_draws, cfg.ratio_dims)
+        return FPOObjective(policy, cfg.clip, cfg.fpo_draws)
     if not policy.config.model.optimality_condition:
         enable_optimality_condition(policy)
     policy.config.cfg_guidance = float(cfg.cfg_guidance)

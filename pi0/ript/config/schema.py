@@ -185,7 +185,6 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
     "algo.fpo_draws": (lambda v: v >= 1, ">= 1"),
-    "algo.ratio_dims": (lambda v: v >= 0, ">= 0 (0: every env action dim)"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.oversample": (lambda v: v >= 0.0, ">= 0 (0: sequential collection rounds; RLConfig.oversample)"),
