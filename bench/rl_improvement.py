@@ -10,7 +10,7 @@ Protocol:
 2. Arms, each in its own process from the same start, each for ``--minutes`` of wall-clock, either side by side
    (``--arm_schedule side_by_side``: they share the machine's 2 cores, about 2/3 of a core each) or each pinned to a
    core of its own (``core_each``: RL and SFT at once, then RFT; an arm runs one torch thread, and a second thread
-   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg | fpo),
+   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg),
    ``sft`` (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts,
    collected as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
    checkpoints along its budget and evaluates them afterwards (the intermediate ones on the first ``--curve_states``
@@ -75,7 +75,7 @@ from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
 ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
-                       "rl_schedule", "trainable", "fpo_draws", "episode_mean"),
+                       "rl_schedule", "trainable", "episode_mean"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
@@ -95,7 +95,7 @@ class Config:
     # side_by_side: the three arms at once, sharing every core (on 2 cores each gets about 2/3 of one); core_each: each
     # arm pinned to a core of its own for its budget (on 2 cores: RL and SFT, then RFT); the tune stage runs alike
     arm_schedule: str = "side_by_side"
-    objective: str = "ppo"  # the RL arm's objective: ppo | cfg | fpo (pi0.ript.objectives)
+    objective: str = "ppo"  # the RL arm's objective: ppo | cfg (pi0.ript.objectives)
     # the start
     num_demos: int = 200  # expert demos per task (init states 0..n-1); 200 -> a plateau near 0.4 on task 4
     # the start's validation plateau must lie in [lo, hi] (the issue's 0.15-0.5): outside it, N is scaled by 0.75
@@ -152,8 +152,7 @@ class Config:
     sde_step: int = 0  # ppo: the stochastic denoising step (-1: uniform per decision batch, -2: every step;
     # RLConfig.sde_step)
     sde_kind: str = "flow_sde"  # ppo (and RFT's collection): the step's transition, flow_sde | cps (RLConfig.sde_kind)
-    clip: float = 0.2  # ppo, fpo
-    fpo_draws: int = 4  # fpo: (noise, time) draws per window (RLConfig.fpo_draws)
+    clip: float = 0.2  # ppo
     episode_mean: bool = False  # each episode's windows share its advantage (RLConfig.episode_mean)
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
@@ -396,7 +395,7 @@ def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
-                    fpo_draws=cfg.fpo_draws, episode_mean=cfg.episode_mean, num_groups=cfg.num_groups,
+                    episode_mean=cfg.episode_mean, num_groups=cfg.num_groups,
                     group_size=cfg.group_size, p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,

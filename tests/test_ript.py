@@ -663,3 +663,28 @@ def test_collection_windows_episode_mean():
     scaled = [w["advantage"] for w in collection_windows(Obj(), col, episode_mean=True)]
     np.testing.assert_allclose(scaled, [2.0] * 2 + [-2 / 3] * 6)
     assert abs(sum(scaled)) < 1e-12
+
+
+def test_rft_collects_as_the_cfg_arm_collects():
+    """RFT beside a cfg RL arm rolls out with the same collector (``collection.rl_collector``): the deterministic
+    sampler (its extras hold the sampled chunk, no Flow-SDE chain); beside ppo, the Flow-SDE collector."""
+    from pi0.policies.pi0 import default_norm_stats
+    from pi0.ript.collection import SDEChunkPolicy, rl_collector
+    from pi0.ript.warm_start import TinyArenaConfig, rft, tiny_arena_policy
+
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=3),
+                            default_norm_stats(8, 7))
+    kinds: set = set()
+
+    def callback(st: dict) -> None:
+        kinds.update(tuple(sorted(k for k in ("chain", "model_actions") if k in d.extras))
+                     for g in st["collection"].groups for ep in g.episodes for d in ep.decisions)
+
+    runner = arena_runner(4, replan_steps=2, resolution=32, max_steps=6)
+    try:
+        rft(pol, [], runner, InitStateSampler({4: range(4)}), OptimizerConfig(lr=1e-4), seconds=1e-3, num_groups=1,
+            group_size=2, steps_per_iteration=1, callback=callback, rl_objective="cfg")
+    finally:
+        runner.close()
+    assert kinds == {("model_actions",)}
+    assert isinstance(rl_collector(pol, "ppo", 1.0, 0, torch.Generator()), SDEChunkPolicy)

@@ -504,32 +504,6 @@ class PI0Model(nn.Module):
         nxt = chain[:, 1:].float().transpose(0, 1).reshape(n * b, *chain.shape[2:])
         return gaussian_log_prob(nxt, mean, std).reshape(n, b, *chain.shape[2:]).sum(0)
 
-    def flow_loss_draws(self, images: list[torch.Tensor], img_masks: list[torch.Tensor], lang_tokens: torch.Tensor,
-                        lang_masks: torch.Tensor, state: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor,
-                        time: torch.Tensor, prefix: tuple[KVCache, torch.Tensor] | None = None) -> torch.Tensor:
-        """Per-element flow-matching loss (B,M,H,A) of actions (B,H,A) at M given draws per sample, noise (B,M,H,A)
-        and time (B,M), with gradient: :meth:`forward` M times over, for one prefix pass (with gradient unless it is
-        frozen, or given as ``prefix``) and one suffix pass of M*B rows (draw-major), as :meth:`chain_log_prob`.
-
-        FPO's likelihood surrogate (McAllister et al. 2025, "Flow Matching Policy Gradients") re-evaluates the same
-        draws under the behaviour and the current weights.
-        """
-        b, m = noise.shape[:2]
-        if time.shape != (b, m) or noise.shape[2:] != actions.shape[1:]:
-            raise ValueError(f"draws: noise {tuple(noise.shape)} and time {tuple(time.shape)} do not fit actions "
-                             f"{tuple(actions.shape)} (expected (B,M,H,A) and (B,M))")
-        if prefix is None:
-            frozen = self.caches_prefix()
-            with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
-                prefix = self.encode_prefix(images, img_masks, lang_tokens, lang_masks)
-        cache = [(kk.repeat(m, *(1,) * (kk.ndim - 1)), vv.repeat(m, *(1,) * (vv.ndim - 1))) for kk, vv in prefix[0]]
-        pad = prefix[1].repeat(m, 1)
-        nz = noise.float().transpose(0, 1).reshape(m * b, *actions.shape[1:])  # draw-major: row j*B + i
-        t = time.float().transpose(0, 1).reshape(m * b)
-        x_t, u_t = flow_matching_pair(actions.float().repeat(m, 1, 1), nz, t)
-        v = self.denoise_step(cache, pad, state.repeat(m, *(1,) * (state.ndim - 1)), x_t, t)
-        return ((v - u_t) ** 2).reshape(m, b, *actions.shape[1:]).transpose(0, 1)
-
     def guided_velocity_fn(self, kv_cache: KVCache, prefix_pad: torch.Tensor, state: torch.Tensor, w: float
                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """(x_t (B,H,A), t (B,)) -> guided velocity (B,H,A) on a shared prefix cache (CFG-style RL).

@@ -285,8 +285,8 @@ def sde_collector(policy: Any, noise_level: float, sde_step: int, generator: tor
 def rl_collector(policy: Any, objective: str, noise_level: float, sde_step: int, generator: torch.Generator,
                  sde_kind: str = "flow_sde", record_prefix: bool = False) -> ChunkPolicy:
     """The collector an RL objective samples with, shared by the RL arm and RFT so that both collect exactly alike:
-    ppo's Flow-SDE (:func:`sde_collector`); cfg and fpo the deterministic sampler the policy is scored with, its
-    initial noise drawn per decision from ``generator`` (``Pi0ChunkPolicy``, cfg at the policy's w)."""
+    ppo's Flow-SDE (:func:`sde_collector`); cfg the deterministic sampler the policy is scored with, its initial
+    noise drawn per decision from ``generator`` (``Pi0ChunkPolicy``, at the policy's w)."""
     if objective == "ppo":
         return sde_collector(policy, noise_level, sde_step, generator, sde_kind, record_prefix)
     return Pi0ChunkPolicy(policy, generator)

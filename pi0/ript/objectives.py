@@ -12,9 +12,6 @@ zero targets in the dims the env does not use, so the velocity the sampler integ
   sampling uses ``v_u + w (v_c - v_u)``.
 - :class:`PPOObjective`: RIPT-VLA's LOOP for a flow policy: the PPO-clipped ratio of the recorded Flow-SDE step's
   log-density under the current vs the behaviour weights, times the episode's RLOO advantage (as in pi-RL / Flow-GRPO).
-- :class:`FPOObjective`: FPO (McAllister et al. 2025, "Flow Matching Policy Gradients"): the same clipped surrogate, its
-  log-ratio estimated by the drop in the flow-matching loss of the executed chunk at fixed noise and time draws. It
-  needs no likelihood of the sampler, so it trains the deterministic sampler that collects and that is scored.
 """
 
 from __future__ import annotations
@@ -109,17 +106,6 @@ def clipped_surrogate(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages
     return loss, {"clip_frac": clip_frac, "ratio_mean": ratio.detach().mean().item(), "approx_kl": approx_kl}
 
 
-def fpo_log_density(sq_err: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-element flow-matching loss (B,M,H,A) at M draws, mask (B,H,A) -> FPO's log-density surrogate (B,):
-    -1/2 x the masked sum of the squared error, averaged over the draws.
-
-    as in FPO (McAllister et al. 2025): the flow-matching loss bounds -log p(a) up to a constant (an ELBO), so
-    log r = L_old - L_new at the same draws estimates the likelihood ratio; the -1/2 sum puts it on the scale of a
-    unit Gaussian's log-density over the same entries (LOOP's ratio sums its log-density over them too).
-    """
-    return -0.5 * masked_sum(sq_err.mean(1), mask)
-
-
 def stack_prefixes(prefixes: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device | str | None = None
                    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """Windows' prefix caches [(packed kv (depth, Tp_i, 2K, H), pad (Tp_i,))] -> (per-layer k, v (B, Tp, K, H), pad
@@ -206,11 +192,6 @@ class FlowMatchingObjective:
                 for j, w in enumerate(chunk):
                     w["_prefix"] = (packed[j], pad[j])
         return True
-
-    def prepare(self, windows: Sequence[Window], generator: torch.Generator | None = None, batch_size: int = 32
-                ) -> None:
-        """Whatever the loss needs from the behaviour weights before the first optimizer step (FPO: its draws and
-        old surrogate log-densities); nothing here."""
 
     @staticmethod
     def detach_prefixes(windows: Sequence[Window]) -> None:
@@ -355,67 +336,4 @@ class PPOObjective(FlowMatchingObjective):
         return loss, st
 
 
-class FPOObjective(FlowMatchingObjective):
-    """FPO for pi0 (module docstring): windows of rollouts collected by the deterministic sampler (its noise drawn
-    per decision, ``Pi0ChunkPolicy``) carry the executed chunk; before an update :meth:`prepare` fixes ``draws``
-    (noise, time) pairs per window and records the surrogate log-density under the behaviour weights (the weights
-    that collected); the loss is :func:`clipped_surrogate` of the surrogate re-evaluated at the same draws."""
-
-    def __init__(self, policy: PI0Policy, clip: float = 0.2, draws: int = 4):
-        if draws < 1:
-            raise ValueError(f"FPO needs at least one (noise, time) draw per window, got draws={draws}")
-        super().__init__(policy)
-        self.clip, self.draws = float(clip), int(draws)
-
-    def episode_windows(self, episode: Episode, advantage: float = 0.0, reward: float = 0.0) -> list[Window]:
-        """One window per decision point: its observation and sampled chunk, the mask the executed rows x the env's
-        action dims (the part the reward saw, as :class:`PPOObjective`), the episode's advantage."""
-        out = super().episode_windows(episode, advantage, reward)
-        for w, d in zip(out, episode.decisions):
-            mask = np.zeros_like(w["action_mask"])
-            mask[: d.num_executed, : self.policy.action_dim] = 1.0
-            w["action_mask"] = mask
-        return out
-
-    @torch.no_grad()
-    def prepare(self, windows: Sequence[Window], generator: torch.Generator | None = None, batch_size: int = 32
-                ) -> None:
-        """Draw each window's (noise (M,H,A), time (M,)) and record its surrogate log-density under the current
-        weights (the behaviour's: the update runs right after collection), in batches, without gradient."""
-        for i in range(0, len(windows), batch_size):
-            chunk = windows[i: i + batch_size]
-            for w in chunk:
-                h, a = w["actions"].shape
-                w["fpo_noise"] = torch.randn(self.draws, h, a, generator=generator).numpy()
-                w["fpo_time"] = sample_time(self.draws, generator=generator).numpy()
-            b = self.collate(chunk, with_old=False)
-            lp = fpo_log_density(self._draw_losses(b), b["action_mask"])
-            for w, v in zip(chunk, lp.tolist()):
-                w["logp_old"] = float(v)
-
-    def collate(self, windows: Sequence[Window], with_old: bool = True) -> dict[str, torch.Tensor]:
-        """The flow batch + the draws, noise (B,M,H,A) and time (B,M) [+ logp_old (B,)]."""
-        batch = super().collate(windows)
-        dev = batch["state"].device
-        if any("fpo_noise" not in w for w in windows):
-            raise ValueError("FPO windows lack their draws: call FPOObjective.prepare(windows) before the update")
-        batch["fpo_noise"] = torch.as_tensor(np.stack([w["fpo_noise"] for w in windows])).to(dev)
-        batch["fpo_time"] = torch.as_tensor(np.stack([w["fpo_time"] for w in windows])).to(dev)
-        if with_old:
-            batch["logp_old"] = torch.tensor([w["logp_old"] for w in windows], dtype=torch.float32, device=dev)
-        return batch
-
-    def _draw_losses(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.policy.model.flow_loss_draws(batch["images"], batch["img_masks"], batch["lang_tokens"],
-                                                 batch["lang_masks"], batch["state"], batch["actions"],
-                                                 batch["fpo_noise"], batch["fpo_time"], prefix=batch.get("prefix"))
-
-    def loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        """FPO: the clipped surrogate of the surrogate log-density ratio and the advantages (scalar) + stats."""
-        logp_new = fpo_log_density(self._draw_losses(batch), batch["action_mask"])
-        loss, st = clipped_surrogate(logp_new, batch["logp_old"], batch["advantage"], self.clip, self.clip)
-        return loss, {"loss": float(loss.detach()), **st}
-
-
-OBJECTIVES = ("ppo", "cfg", "fpo")
+OBJECTIVES = ("ppo", "cfg")

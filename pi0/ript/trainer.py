@@ -31,8 +31,7 @@ from pi0.rollout import RolloutRunner
 from pi0.ript.algos.rloo import episode_mean_advantages
 from pi0.ript.collection import Collection, RolloutGenerator, release_prefixes, rl_collector
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
-from pi0.ript.objectives import (OBJECTIVES, CFGObjective, FlowMatchingObjective, FPOObjective, PPOObjective,
-                                 Window)
+from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
 from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.ript.utils.dist_utils import DistInfo
 from pi0.ript.utils.fsdp import gathered, shard_model
@@ -44,7 +43,7 @@ class RLConfig:
     """RIPT settings: the ``algo`` section of the training config."""
 
     iterations: int = 10
-    objective: str = "ppo"  # "ppo" | "cfg" | "fpo" (pi0.ript.objectives)
+    objective: str = "ppo"  # "ppo" | "cfg" (pi0.ript.objectives)
     trainable: str = "all"  # "all" | "expert" | "lora" (PI0Model.set_trainable)
     checkpointing: bool = False  # recompute each transformer layer in backward (activation memory)
     precision: str = "float32"  # "float32" | "bf16" (bf16 weights and compute, float32 masters of what trains)
@@ -60,11 +59,10 @@ class RLConfig:
     # ppo: the stochastic step's transition. "flow_sde" (Flow-GRPO / RLinf); "cps": Coefficients-Preserving Sampling
     # (Flow-CPS), whose step keeps the deterministic chain's marginal coefficients, noise_level = its eta in (0, 1]
     sde_kind: str = "flow_sde"
-    clip: float = 0.2  # ppo, fpo: ratio clip
+    clip: float = 0.2  # ppo: ratio clip
     # each episode's windows share its advantage (A * mean length / its length, pi0.ript.algos.rloo.
     # episode_mean_advantages) instead of each window counting once, which weights the longer failed episodes more
     episode_mean: bool = False
-    fpo_draws: int = 4  # fpo: (noise, time) draws per window that estimate its log-ratio (FPOObjective)
     # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
     # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
     value_baseline: bool = False
@@ -127,11 +125,6 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
     if cfg.value_baseline:
         raise ValueError(f"algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
                          f"algo.objective={cfg.objective}")
-    if cfg.objective == "fpo":
-        if cfg.fsdp:
-            raise ValueError("algo.objective=fpo records its old log-densities rank by rank, which FSDP2's collective "
-                             "forwards do not allow; set algo.fsdp=false")
-        return FPOObjective(policy, cfg.clip, cfg.fpo_draws)
     if not policy.config.model.optimality_condition:
         enable_optimality_condition(policy)
     policy.config.cfg_guidance = float(cfg.cfg_guidance)

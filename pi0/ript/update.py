@@ -195,8 +195,6 @@ class PolicyUpdate:
         # windows may already hold collection's (SDEChunkPolicy.record_prefix): then it does not run at all
         cached = (c.epochs > 1 and n_steps > 0 and not self.sharded
                   and self.objective.attach_prefixes(windows, c.minibatch_size))
-        if n_steps and windows:  # e.g. FPO's old log-densities: under the weights before the first step
-            self.objective.prepare(windows, self.generator, c.minibatch_size)
         sums: dict[str, list[float]] = {}
         steps = skipped = 0
         for s in range(n_steps):

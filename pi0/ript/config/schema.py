@@ -184,7 +184,6 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.sde_kind": (lambda v: v in SDE_KINDS, f"one of {SDE_KINDS} (cps: algo.noise_level is its eta, <= 1)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-    "algo.fpo_draws": (lambda v: v >= 1, ">= 1"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.oversample": (lambda v: v >= 0.0, ">= 0 (0: sequential collection rounds; RLConfig.oversample)"),
