@@ -235,6 +235,11 @@ def test_tuned_settings_are_checked_before_any_work(tmp_path):
         bench.parse_entry("sde_step=-3", "rl")
     assert bench.parse_entry("sde_step=4", "rl") == {"sde_step": 4}
     assert bench.parse_entry("sde_step=-2", "rl") == {"sde_step": -2}  # the whole chain (flow_sde.EVERY_STEP)
+    # a boolean setting parses true / false (Python's bool("false") would be True)
+    assert bench.parse_entry("episode_mean=true", "rl") == {"episode_mean": True}
+    assert bench.parse_entry("episode_mean=false", "rl") == {"episode_mean": False}
+    with pytest.raises(SystemExit, match="'yes' is not a bool"):
+        bench.parse_entry("episode_mean=yes", "rl")
     with pytest.raises(SystemExit, match="cps cannot make every step stochastic"):
         bench.splits(cfg("--sde_step", "-2", "--sde_kind", "cps", "--noise_level", "0.5"))
     assert bench.parse_entry("trainable=expert,lr=3e-5", "rl") == {"trainable": "expert", "lr": 3e-5}
