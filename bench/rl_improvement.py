@@ -10,9 +10,9 @@ Protocol:
 2. Arms, each in its own process from the same start, each for ``--minutes`` of wall-clock, either side by side
    (``--arm_schedule side_by_side``: they share the machine's 2 cores, about 2/3 of a core each) or each pinned to a
    core of its own (``core_each``: RL and SFT at once, then RFT; an arm runs one torch thread, and a second thread
-   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg),
-   ``sft`` (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts,
-   collected as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
+   does not speed up the tiny policy): ``rl`` (``pi0.ript.trainer.RIPTTrainer``, ``--objective`` ppo | cfg), ``sft``
+   (continued SFT on the same demos), ``rft`` (SFT on the demos plus the policy's own successful rollouts, collected
+   as the RL arm collects; ``pi0.ript.warm_start.rft``). No arm gets new demos. Each arm saves ``--snapshots``
    checkpoints along its budget and evaluates them afterwards (the intermediate ones on the first ``--curve_states``
    held-out states per task when it is set: the curve's shape for less evaluation time; the last one on all).
 3. Evaluation: success on ``--eval_states`` held-out init states per task (disjoint from the training and validation
@@ -395,8 +395,8 @@ def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
-                    episode_mean=cfg.episode_mean, num_groups=cfg.num_groups,
-                    group_size=cfg.group_size, p_uncond=cfg.p_uncond,
+                    episode_mean=cfg.episode_mean, num_groups=cfg.num_groups, group_size=cfg.group_size,
+                    p_uncond=cfg.p_uncond,
                     cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
                     fast_sampling=cfg.fast_sampling,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
@@ -446,8 +446,7 @@ def run_arm(cfg: Config) -> None:
             lr=cfg.rft_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 2)
         rft(policy, windows, runner, sampler, upd.config, seconds, cfg.num_groups, cfg.group_size, cfg.noise_level,
             cfg.rft_steps_per_iteration, seed=cfg.seed + 2, callback=callback, sde_step=cfg.sde_step,
-            fast_sampling=cfg.fast_sampling, update=upd, sde_kind=cfg.sde_kind,
-            rl_objective=cfg.objective)
+            fast_sampling=cfg.fast_sampling, update=upd, sde_kind=cfg.sde_kind, rl_objective=cfg.objective)
     else:
         upd = PolicyUpdate(FlowMatchingObjective(policy), OptimizerConfig(
             lr=cfg.sft_arm_lr, minibatch_size=32, warmup_steps=cfg.warmup_steps), seed=cfg.seed + 3)
