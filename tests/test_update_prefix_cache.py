@@ -21,11 +21,21 @@ from pi0.ript.update import OptimizerConfig, PolicyUpdate
 from pi0.ript.warm_start import TinyArenaConfig, arena_runner, tiny_arena_policy
 
 
-def assert_same_training(a: dict, b: dict, start, atol: float) -> None:
-    """Two runs' trained parameters {name: tensor} agree within ``atol``, and some moved from ``start``'s."""
+def assert_same_training(a: dict, b: dict, start, atol: float, stray: tuple[float, float] | None = None) -> None:
+    """Two runs' trained parameters {name: tensor} agree within ``atol``, and some moved from ``start``'s.
+
+    ``stray`` = (share, bound): up to that share of a tensor's elements may differ by more than ``atol``, never by
+    more than ``bound``: AdamW moves a weight whose gradient is near 0 by up to lr a step whatever the gradient's
+    size, so float32 rounding that flips such a gradient's sign shows as a difference of up to lr."""
     moved = 0
     for n, p in a.items():
-        torch.testing.assert_close(p, b[n], atol=atol, rtol=1e-4)
+        if stray is None:
+            torch.testing.assert_close(p, b[n], atol=atol, rtol=1e-4)
+        else:
+            diff = (p - b[n]).detach().abs()
+            far = diff > atol + 1e-4 * b[n].abs()
+            assert float(far.float().mean()) <= stray[0] and float(diff.max()) <= stray[1], (
+                f"{n}: {int(far.sum())} of {diff.numel()} elements differ by more than {atol} (max {float(diff.max())})")
         moved += int(not torch.equal(p, dict(start.model.named_parameters())[n]))
     assert moved > 0
 
@@ -265,8 +275,9 @@ def test_update_on_collection_prefixes_trains_the_same_weights(policy_and_window
     for key in ("train/loss", "train/ratio_mean", "train/approx_kl"):
         assert st_a[key] == pytest.approx(st_b[key], abs=1e-5, rel=1e-4)
     # AdamW moves a near-zero gradient's weight by up to lr (1e-3) a step whatever its size, so float32 rounding of
-    # such a gradient can show as a few 1e-5: within a tenth of one step
-    assert_same_training(w_a, w_b, policy, atol=1e-4)
+    # such a gradient shows as a few 1e-5, or on some CPUs (AMD EPYC: 1 of 8,192 elements at 1.15e-4) a little more:
+    # a tenth of one step, but for at most 0.1% of a tensor, each within one step
+    assert_same_training(w_a, w_b, policy, atol=1e-4, stray=(1e-3, 1e-3))
 
 
 def test_no_prefix_is_recorded_when_the_prefix_trains(policy_and_windows):
