@@ -123,8 +123,8 @@ def build_objective(policy: PI0Policy, cfg: RLConfig) -> FlowMatchingObjective:
                   policy.config.num_steps)
         return PPOObjective(policy, cfg.noise_level, cfg.clip, cfg.value_baseline, cfg.sde_kind)
     if cfg.value_baseline:
-        raise ValueError(f"algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
-                         f"algo.objective={cfg.objective}")
+        raise ValueError("algo.value_baseline is a baseline of the ppo objective; set algo.value_baseline=false for "
+                         "algo.objective=cfg")
     if not policy.config.model.optimality_condition:
         enable_optimality_condition(policy)
     policy.config.cfg_guidance = float(cfg.cfg_guidance)
