@@ -75,7 +75,7 @@ from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges
 ARMS = ("rl", "sft", "rft")
 # the settings each arm's tuning grid may set (one name per setting; the arms share none of them)
 ARM_SETTINGS = {"rl": ("lr", "epochs", "minibatch_size", "noise_level", "sde_step", "sde_kind", "clip",
-                       "rl_schedule", "trainable", "episode_mean"),
+                       "rl_schedule", "trainable", "episode_mean", "demo_coef"),
                 "sft": ("sft_arm_lr", "sft_schedule"),
                 "rft": ("rft_lr", "rft_schedule", "rft_steps_per_iteration")}
 STAGES = ("start", "tune", "report", "select")
@@ -154,6 +154,7 @@ class Config:
     sde_kind: str = "flow_sde"  # ppo (and RFT's collection): the step's transition, flow_sde | cps (RLConfig.sde_kind)
     clip: float = 0.2  # ppo
     episode_mean: bool = False  # each episode's windows share its advantage (RLConfig.episode_mean)
+    demo_coef: float = 0.0  # the RL update's flow-matching term on the start's demos (RLConfig.demo_coef)
     value_baseline: bool = False  # ppo: the value head's per-decision baseline (RLConfig.value_baseline)
     value_lr: float = 1e-3  # ppo with value_baseline: the value head's lr
     p_uncond: float = 0.3  # cfg
@@ -203,6 +204,8 @@ def splits(cfg: Config) -> tuple[list, list, dict]:
                          f"0..{TinyArenaConfig.num_steps - 1} of the bench's {TinyArenaConfig.num_steps}-step policy, "
                          f"got {cfg.sde_step}")
     check_sde_settings(cfg, {}, "--noise_level / --sde_step / --sde_kind")
+    if cfg.demo_coef < 0:
+        raise SystemExit(f"error: --demo_coef must be >= 0 (0: no demo anchor), got {cfg.demo_coef}")
     if cfg.stage == "tune" and cfg.tuned:
         raise SystemExit("error: --tuned applies to --stage report; the tune stage writes tune.json")
     grid(cfg)
@@ -240,6 +243,8 @@ def parse_entry(entry: str, arm: str) -> dict[str, Any]:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {value!r} is not a {kinds[key].__name__}") from None
         if key.endswith("_schedule") and out[key] not in LR_SCHEDULES:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: {key} must be one of {LR_SCHEDULES}")
+        if key == "demo_coef" and out[key] < 0:
+            raise SystemExit(f"error: --tune_{arm} entry {entry!r}: demo_coef must be >= 0")
         if key == "trainable" and out[key] not in TRAINABLE:
             raise SystemExit(f"error: --tune_{arm} entry {entry!r}: trainable must be one of {TRAINABLE}")
         if key == "sde_step" and not -2 <= out[key] < TinyArenaConfig.num_steps:
@@ -395,10 +400,9 @@ def rl_config(cfg: Config) -> RLConfig:
     """The RL arm's settings from the bench's options (no evaluation during training)."""
     return RLConfig(objective=cfg.objective, trainable=cfg.trainable, noise_level=cfg.noise_level, clip=cfg.clip,
                     sde_step=cfg.sde_step, sde_kind=cfg.sde_kind, value_baseline=cfg.value_baseline,
-                    episode_mean=cfg.episode_mean, num_groups=cfg.num_groups, group_size=cfg.group_size,
-                    p_uncond=cfg.p_uncond,
-                    cfg_guidance=cfg.cfg_guidance, eval_every=0, seed=cfg.seed, oversample=cfg.oversample,
-                    fast_sampling=cfg.fast_sampling,
+                    episode_mean=cfg.episode_mean, demo_coef=cfg.demo_coef, num_groups=cfg.num_groups,
+                    group_size=cfg.group_size, p_uncond=cfg.p_uncond, cfg_guidance=cfg.cfg_guidance, eval_every=0,
+                    seed=cfg.seed, oversample=cfg.oversample, fast_sampling=cfg.fast_sampling,
                     opt=OptimizerConfig(lr=cfg.lr, epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
                                         value_lr=cfg.value_lr, warmup_steps=cfg.warmup_steps))
 
@@ -438,7 +442,7 @@ def run_arm(cfg: Config) -> None:
 
     sampler = InitStateSampler(train_states, seed=cfg.seed + 1)
     if arm == "rl":
-        trainer = RIPTTrainer(policy, runner, sampler, rl_config(cfg))
+        trainer = RIPTTrainer(policy, runner, sampler, rl_config(cfg), demos=windows)
         upd = trainer.update
         trainer.train(10**9, seconds=seconds, callback=callback)
     elif arm == "rft":

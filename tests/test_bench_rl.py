@@ -238,6 +238,11 @@ def test_tuned_settings_are_checked_before_any_work(tmp_path):
     # a boolean setting parses true / false (Python's bool("false") would be True)
     assert bench.parse_entry("episode_mean=true", "rl") == {"episode_mean": True}
     assert bench.parse_entry("episode_mean=false", "rl") == {"episode_mean": False}
+    assert bench.parse_entry("lr=1e-4,demo_coef=1", "rl") == {"lr": 1e-4, "demo_coef": 1.0}
+    with pytest.raises(SystemExit, match="demo_coef must be >= 0"):
+        bench.parse_entry("demo_coef=-1", "rl")
+    with pytest.raises(SystemExit, match="--demo_coef must be >= 0"):
+        bench.splits(cfg("--demo_coef", "-0.5"))
     with pytest.raises(SystemExit, match="'yes' is not a bool"):
         bench.parse_entry("episode_mean=yes", "rl")
     with pytest.raises(SystemExit, match="cps cannot make every step stochastic"):

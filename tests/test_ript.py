@@ -688,3 +688,56 @@ def test_rft_collects_as_the_cfg_arm_collects():
         runner.close()
     assert kinds == {("model_actions",)}
     assert isinstance(rl_collector(pol, "ppo", 1.0, 0, torch.Generator()), SDEChunkPolicy)
+
+
+def test_demo_anchor_adds_the_flow_loss_of_the_drawn_demos():
+    """algo.demo_coef (``update.DemoAnchor``): each minibatch's loss is the objective's plus coef x the flow loss of
+    ``batch_size`` demos drawn without replacement from the anchor's own stream (seed + 1); the first AdamW step then
+    moves each weight by -lr x the sign of that summed gradient, not the objective's alone."""
+    import copy
+
+    from pi0.ript.update import DemoAnchor, PolicyUpdate
+    from pi0.policies.pi0 import default_norm_stats
+    from pi0.ript.warm_start import tiny_arena_policy
+
+    torch.manual_seed(3)
+    pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2),
+                            default_norm_stats(8, 7))
+    ref = copy.deepcopy(pol)
+    ws = FlowMatchingObjective(pol).episode_windows(_episode(2))
+    demos = FlowMatchingObjective(pol).episode_windows(_episode(3, valid_last=2))
+    for i, d in enumerate(demos):
+        d["actions"] = d["actions"] * 0 + 0.1 * (i + 1)  # targets unlike the windows', so the two gradients differ
+    coef, seed, lr = 2.0, 5, 1e-4
+    upd = PolicyUpdate(FlowMatchingObjective(pol), OptimizerConfig(lr=lr, minibatch_size=4, max_grad_norm=0), seed=seed,
+                       anchor=DemoAnchor(demos, coef, batch_size=2))
+    st = upd.step(ws)
+    assert st["steps"] == 1 and "demo_loss" in st
+
+    # by hand, on the copy: the same minibatch order and flow noise, the demos the anchor's stream draws
+    obj = FlowMatchingObjective(ref)
+    order = np.random.default_rng(seed).permutation(len(ws))
+    drawn = np.random.default_rng(seed + 1).choice(len(demos), size=2, replace=False)
+    ref.model.train()
+    main, _ = obj.loss(obj.collate([ws[i] for i in order]), torch.Generator().manual_seed(seed))
+    demo, _ = obj.loss(obj.collate([demos[i] for i in drawn]), torch.Generator().manual_seed(seed + 1))
+    assert abs(float(demo.detach()) - st["demo_loss"]) < 1e-6
+    params = [p for p in ref.model.parameters() if p.requires_grad]
+    g_main = torch.autograd.grad(main, params, allow_unused=True)
+    g_demo = torch.autograd.grad(demo, params, allow_unused=True)
+    agree = disagree_main = 0
+    for p0, p1, gm, gd in zip(params, [p for p in pol.model.parameters() if p.requires_grad], g_main, g_demo):
+        if gm is None or gd is None:
+            continue
+        g = gm + coef * gd
+        big = g.abs() > 1e-5
+        step = (p1.detach() - p0.detach())[big]
+        torch.testing.assert_close(step, -lr * torch.sign(g[big]), rtol=0.02, atol=1e-7)
+        agree += int(big.sum())
+        disagree_main += int((torch.sign(gm[big]) != torch.sign(g[big])).sum())
+    assert agree > 1000 and disagree_main > 100  # the anchor changed the step's direction in many weights
+
+    with pytest.raises(ValueError, match="demo anchor needs demo windows"):
+        PolicyUpdate(FlowMatchingObjective(pol), anchor=DemoAnchor([], 1.0))
+    with pytest.raises(ValueError, match="algo.demo_coef=0.5 needs demo windows"):
+        RIPTTrainer(pol, None, None, RLConfig(demo_coef=0.5))

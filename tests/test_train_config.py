@@ -35,6 +35,8 @@ def test_required_presets_are_bundled():
     (["algo.iterations=abc"], ["algo.iterations", "Integer"]),
     (["algo.group_size=1"], ["algo.group_size", ">= 2"]),
     (["algo.p_uncond=1.5"], ["algo.p_uncond", "[0, 1]"]),
+    (["algo.demo_coef=-1"], ["algo.demo_coef", ">= 0"]),
+    (["algo.demo_coef=1", "task.env=libero"], ["algo.demo_coef > 0 anchors RL to the tiny warm start's demos"]),
     (["task.task_ids=[7]"], ["task.task_ids", "0..4"]),
     (["task.checkpoint=/no/such/dir"], ["task.checkpoint", "does not exist"]),
     (["task.env=mujoco"], ["task.env", "arena"]),
@@ -144,8 +146,9 @@ def _params(policy_dir):
 
 
 @pytest.mark.parametrize("algo", [
-    # PPO: the optimizer (weight decay moves the weights even where this tiny start's advantages are all 0)
-    ["algo.objective=ppo", "algo.opt.epochs=2", "algo.opt.weight_decay=0.1"],
+    # PPO: the optimizer (weight decay moves the weights even where this tiny start's advantages are all 0), and the
+    # demo anchor's draws and flow noise (algo.demo_coef: the start's demo windows reach the trainer)
+    ["algo.objective=ppo", "algo.opt.epochs=2", "algo.opt.weight_decay=0.1", "algo.demo_coef=0.5"],
     ["algo.objective=cfg", "algo.trainable=expert"],
 ], ids=["ppo", "cfg_expert"])
 def test_resume_reproduces_uninterrupted_run(tmp_path, algo):
@@ -157,6 +160,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, algo):
                     resume=True)
     a, b = _params(tmp_path / "full" / "final"), _params(tmp_path / "cut" / "final")
     assert full[-1]["steps"] > 0 and len(resumed) == 2
+    assert ("demo_loss" in full[-1]) == ("algo.demo_coef=0.5" in algo)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
     one = _params(tmp_path / "cut" / "checkpoints" / "iter_0001")
     assert max(float((a[k] - one[k]).abs().max()) for k in a) > 0  # the second iteration did change the params

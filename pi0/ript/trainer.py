@@ -32,7 +32,7 @@ from pi0.ript.algos.rloo import episode_mean_advantages
 from pi0.ript.collection import Collection, RolloutGenerator, release_prefixes, rl_collector
 from pi0.ript.init_states import InitStateHistory, InitStateSampler
 from pi0.ript.objectives import OBJECTIVES, CFGObjective, FlowMatchingObjective, PPOObjective, Window
-from pi0.ript.update import OptimizerConfig, PolicyUpdate
+from pi0.ript.update import DemoAnchor, OptimizerConfig, PolicyUpdate
 from pi0.ript.utils.dist_utils import DistInfo
 from pi0.ript.utils.fsdp import gathered, shard_model
 from pi0.ript.warm_start import evaluate_episodes
@@ -63,6 +63,9 @@ class RLConfig:
     # each episode's windows share its advantage (A * mean length / its length, pi0.ript.algos.rloo.
     # episode_mean_advantages) instead of each window counting once, which weights the longer failed episodes more
     episode_mean: bool = False
+    # > 0: every update minibatch adds demo_coef x pi0's flow-matching loss on as many of the demos (the trainer's
+    # ``demos`` windows; pi0.ript.update.DemoAnchor, as DAPG's behaviour-cloning term)
+    demo_coef: float = 0.0
     # ppo: a value head (pi0's state-token output, detached; lr opt.value_lr) moves each decision's RLOO baseline by
     # the value's change since the episode's first decision (pi0.ript.algos.rloo.value_baselined_advantages)
     value_baseline: bool = False
@@ -138,12 +141,17 @@ EVAL_SEED = 12345  # the held-out evaluation's noise seed (keyed per episode: ev
 class RIPTTrainer:
     """One RL run: the objective, the update and the rollout generator it builds from ``cfg``; :meth:`step` is one
     iteration. Under torchrun, ``info`` makes the update average over ranks, ``counter`` (iteration -> shared counter
-    or None) makes collection stop on the global group count, and ``stats_sum`` sums per-rank scalars."""
+    or None) makes collection stop on the global group count, and ``stats_sum`` sums per-rank scalars. ``demos``:
+    the supervised windows ``cfg.demo_coef`` anchors the update to."""
 
     def __init__(self, policy: PI0Policy, runner: RolloutRunner, sampler: InitStateSampler, cfg: RLConfig,
                  eval_states: Sequence[tuple[int, int]] = (), history: InitStateHistory | None = None,
-                 info: DistInfo | None = None, counter: Callable[[int], Any] | None = None):
+                 info: DistInfo | None = None, counter: Callable[[int], Any] | None = None,
+                 demos: Sequence[Window] = ()):
         self.policy, self.runner, self.cfg = policy, runner, cfg
+        if cfg.demo_coef < 0 or (cfg.demo_coef > 0 and not demos):
+            raise ValueError(f"algo.demo_coef={cfg.demo_coef} needs demo windows (the trainer's demos) and a value "
+                             f">= 0; set algo.demo_coef=0")
         self.info = info or DistInfo()
         self.objective = build_objective(policy, cfg)
         if cfg.precision not in PRECISIONS:
@@ -160,7 +168,8 @@ class RIPTTrainer:
         if cfg.fsdp:  # float32 shards (the masters); bf16 compute through FSDP2's mixed precision
             shard_model(policy.model, self.info, cfg.precision)
         policy.config.model = policy.model.cfg
-        self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info)
+        anchor = DemoAnchor(list(demos), cfg.demo_coef, cfg.opt.minibatch_size) if cfg.demo_coef > 0 else None
+        self.update = PolicyUpdate(self.objective, cfg.opt, seed=cfg.seed, info=self.info, anchor=anchor)
         # the behaviour policy is the current weights; PPO's "old policy" is the log-density recorded at collection
         self.generator = torch.Generator().manual_seed(cfg.seed)  # collection noise
         collector = rl_collector(policy, cfg.objective, cfg.noise_level, cfg.sde_step, self.generator, cfg.sde_kind,

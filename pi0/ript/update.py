@@ -57,6 +57,19 @@ class OptimizerConfig:
     warmup_steps: int = 0  # the first optimizer steps scale the lr linearly from 1/warmup_steps to 1 (fresh AdamW)
 
 
+@dataclass
+class DemoAnchor:
+    """A supervised term in every minibatch of an update: ``coef`` x pi0's flow-matching loss on ``batch_size``
+    windows drawn from ``windows`` (the demos), added to the objective's loss.
+
+    as in DAPG (Rajeswaran et al. 2018, "Learning Complex Dexterous Manipulation with Deep RL and Demonstrations"):
+    the policy gradient plus a behaviour-cloning term on the demonstrations; here with a constant weight."""
+
+    windows: Sequence[Window]
+    coef: float
+    batch_size: int = 32
+
+
 def is_value_param(name: str) -> bool:
     """True for the value head's parameters (``PI0Model.value_head``; FSDP2 keeps the name)."""
     return name.startswith("value_head.") or ".value_head." in name
@@ -66,11 +79,19 @@ class PolicyUpdate:
     """AdamW over the trainable parameters of ``objective.policy``; :meth:`step` trains on a list of windows."""
 
     def __init__(self, objective: FlowMatchingObjective, config: OptimizerConfig | None = None, seed: int = 0,
-                 info: DistInfo | None = None):
+                 info: DistInfo | None = None, anchor: DemoAnchor | None = None):
         self.objective = objective
         self.config = c = config or OptimizerConfig()
         if c.minibatch_size < 1 or c.grad_accum_steps < 1 or c.epochs < 1:
             raise ValueError("epochs, minibatch_size and grad_accum_steps must be >= 1")
+        if anchor is not None and (not anchor.windows or anchor.coef <= 0 or anchor.batch_size < 1):
+            raise ValueError(f"a demo anchor needs demo windows, coef > 0 and batch_size >= 1 (got "
+                             f"{len(anchor.windows)} windows, coef {anchor.coef}, batch_size {anchor.batch_size})")
+        self.anchor = anchor
+        # the anchor's own flow loss, demo draws and flow noise (the objective's streams stay as without it)
+        self.anchor_objective = FlowMatchingObjective(objective.policy) if anchor is not None else None
+        self.anchor_rng = np.random.default_rng(seed + 1)
+        self.anchor_generator = torch.Generator().manual_seed(seed + 1)
         self.info = info or DistInfo()
         self.sharded = is_sharded(objective.policy.model)  # FSDP2: params, grads and AdamW state are rank shards
         self._template: Window | None = None  # FSDP2: a window for zero-weighted padding minibatches
@@ -165,6 +186,13 @@ class PolicyUpdate:
                     p.copy_(m)  # rounded to the parameter's bf16
         return True
 
+    def _anchored(self, loss: torch.Tensor, st: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective's minibatch loss plus the demo anchor's term (:class:`DemoAnchor`) -> (loss, stats)."""
+        a, obj = self.anchor, self.anchor_objective
+        idx = self.anchor_rng.choice(len(a.windows), size=min(a.batch_size, len(a.windows)), replace=False)
+        demo_loss, _ = obj.loss(obj.collate([a.windows[i] for i in idx]), self.anchor_generator)
+        return loss + a.coef * demo_loss, {**st, "demo_loss": float(demo_loss.detach())}
+
     def step(self, windows: Sequence[Window], max_steps: int | None = None) -> dict[str, float]:
         """Train on ``windows`` for ``epochs`` (or ``max_steps`` optimizer steps) -> mean stats.
 
@@ -208,6 +236,8 @@ class PolicyUpdate:
             for mb in mine:
                 batch = [windows[i] for i in mb] if mb is not None else [self._template]
                 loss, st = self.objective.loss(self.objective.collate(batch), self.generator)
+                if self.anchor is not None:
+                    loss, st = self._anchored(loss, st)
                 finite = math.isfinite(float(loss.detach()))
                 if self.sharded:
                     (loss * float(mb is not None)).backward()
@@ -239,7 +269,9 @@ class PolicyUpdate:
     def state_dict(self) -> dict[str, Any]:
         """Optimizer state and both RNGs (resume)."""
         return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-                "rng": self.rng.bit_generator.state, "num_skipped": self.num_skipped, "num_applied": self.num_applied}
+                "rng": self.rng.bit_generator.state, "num_skipped": self.num_skipped, "num_applied": self.num_applied,
+                "anchor_generator": self.anchor_generator.get_state(),
+                "anchor_rng": self.anchor_rng.bit_generator.state}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""
@@ -249,3 +281,6 @@ class PolicyUpdate:
         self.rng.bit_generator.state = st["rng"]
         self.num_skipped = int(st.get("num_skipped", 0))
         self.num_applied = int(st.get("num_applied", 0))
+        if "anchor_rng" in st:
+            self.anchor_generator.set_state(st["anchor_generator"])
+            self.anchor_rng.bit_generator.state = st["anchor_rng"]

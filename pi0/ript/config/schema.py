@@ -184,6 +184,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "algo.sde_kind": (lambda v: v in SDE_KINDS, f"one of {SDE_KINDS} (cps: algo.noise_level is its eta, <= 1)"),
     "algo.clip": (lambda v: 0.0 < v < 1.0, "in (0, 1)"),
     "algo.p_uncond": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+    "algo.demo_coef": (lambda v: v >= 0.0, ">= 0 (0: no demo anchor)"),
     "algo.cfg_guidance": (lambda v: v >= 0.0, ">= 0"),
     "algo.max_collect_attempts": (lambda v: v >= 1, ">= 1"),
     "algo.oversample": (lambda v: v >= 0.0, ">= 0 (0: sequential collection rounds; RLConfig.oversample)"),
@@ -312,6 +313,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.baseline.sft and (cfg.task.checkpoint or cfg.task.env == "libero"):
         raise UserError("baseline.sft=true continues SFT on the tiny warm start's demos (task.env=arena or metaworld, "
                         "no task.checkpoint); set baseline.sft=false")
+    if cfg.algo.demo_coef > 0 and (cfg.task.checkpoint or cfg.task.env == "libero"):
+        raise UserError("algo.demo_coef > 0 anchors RL to the tiny warm start's demos (task.env=arena or metaworld, "
+                        "no task.checkpoint); set algo.demo_coef=0")
     if cfg.baseline.sft and not (cfg.algo.eval_every and cfg.task.eval_states):
         raise UserError("baseline.sft=true is scored at RL's held-out evaluations: set algo.eval_every >= 1 and "
                         "task.eval_states >= 1")

@@ -146,8 +146,9 @@ def build_trainer(cfg: TrainConfig, info: DistInfo, policy: PI0Policy, runner: R
     seed = cfg.algo.seed + 1000 * info.rank
     algo = dataclasses.replace(cfg.algo, seed=seed)
     history = InitStateHistory(cfg.features.history_reprobe_after) if cfg.features.enable_smart_sampling else None
+    demos = tiny_warm_start(cfg)[1] if algo.demo_coef > 0 else ()  # the cached start's demo windows (algo.demo_coef)
     return RIPTTrainer(policy, runner, InitStateSampler(shard, seed), algo, eval_shard, history=history, info=info,
-                       counter=lambda it: make_counter(cfg, info, run_dir, it))
+                       counter=lambda it: make_counter(cfg, info, run_dir, it), demos=demos)
 
 
 def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedStatsSynchronizer) -> dict[str, float]:
@@ -169,7 +170,7 @@ def global_stats(st: dict[str, float], trainer: RIPTTrainer, sync: DistributedSt
     if s["eval_n"]:
         out["eval_success_rate"] = s["eval_succ"] / s["eval_n"]
     for key in ("train/loss", "train/loss_cond", "train/loss_uncond", "train/clip_frac", "train/ratio_mean",
-                "train/approx_kl"):
+                "train/approx_kl", "train/demo_loss"):
         if key in st:  # this rank's minibatch means
             out[key.split("/")[1]] = st[key]
     return out
