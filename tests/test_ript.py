@@ -697,8 +697,6 @@ def test_demo_anchor_adds_the_flow_loss_of_the_drawn_demos():
     import copy
 
     from pi0.ript.update import DemoAnchor, PolicyUpdate
-    from pi0.policies.pi0 import default_norm_stats
-    from pi0.ript.warm_start import tiny_arena_policy
 
     torch.manual_seed(3)
     pol = tiny_arena_policy(TinyArenaConfig(image_size=28, depth=1, action_horizon=4, n_action_steps=2, num_steps=2),
