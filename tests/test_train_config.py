@@ -36,7 +36,8 @@ def test_required_presets_are_bundled():
     (["algo.group_size=1"], ["algo.group_size", ">= 2"]),
     (["algo.p_uncond=1.5"], ["algo.p_uncond", "[0, 1]"]),
     (["algo.demo_coef=-1"], ["algo.demo_coef", ">= 0"]),
-    (["algo.demo_coef=1", "task.env=libero"], ["algo.demo_coef > 0 anchors RL to the tiny warm start's demos"]),
+    (["algo.demo_coef=1", "task.env=libero"], ["algo.demo_coef=1 (RL's demo anchor) train on the tiny warm start's "
+                                               "demos, and task.env=libero has none", "set algo.demo_coef=0"]),
     (["task.task_ids=[7]"], ["task.task_ids", "0..4"]),
     (["task.checkpoint=/no/such/dir"], ["task.checkpoint", "does not exist"]),
     (["task.env=mujoco"], ["task.env", "arena"]),
@@ -57,6 +58,21 @@ def test_bad_config_names_key_and_allowed(override, words):
     with pytest.raises(UserError) as e:
         load_config("debug_train_pi0", override)
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_make_run_preset_with_a_checkpoint_names_every_demo_setting_in_one_error(tmp_path):
+    """Stage 11's preset trains continued SFT and RL's demo anchor on the tiny start's demos: a user's checkpoint has
+    none, and the one error names both fixes."""
+    from pi0.policies.presets import tiny_policy
+    tiny_policy().save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(UserError) as e:
+        load_config("stage11_ript_vla", [f"task.checkpoint={tmp_path / 'ckpt'}"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.endswith("set baseline.sft=false algo.demo_coef=0"), msg
+    assert "baseline.sft=true (continued SFT) and algo.demo_coef=1 (RL's demo anchor)" in msg, msg
+    cfg = load_config("stage11_ript_vla", [f"task.checkpoint={tmp_path / 'ckpt'}", "baseline.sft=false",
+                                           "algo.demo_coef=0"])
+    assert cfg.task.checkpoint and cfg.algo.demo_coef == 0
 
 
 def test_warm_start_seed_trains_an_independent_start(tmp_path):

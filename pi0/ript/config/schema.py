@@ -310,12 +310,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Range / choice checks, task ids and the checkpoint path (raises UserError naming the key)."""
     check_ranges(cfg)
     _check_tasks(cfg)
-    if cfg.baseline.sft and (cfg.task.checkpoint or cfg.task.env == "libero"):
-        raise UserError("baseline.sft=true continues SFT on the tiny warm start's demos (task.env=arena or metaworld, "
-                        "no task.checkpoint); set baseline.sft=false")
-    if cfg.algo.demo_coef > 0 and (cfg.task.checkpoint or cfg.task.env == "libero"):
-        raise UserError("algo.demo_coef > 0 anchors RL to the tiny warm start's demos (task.env=arena or metaworld, "
-                        "no task.checkpoint); set algo.demo_coef=0")
+    uses = [(use, fix) for on, use, fix in (
+        (cfg.baseline.sft, "baseline.sft=true (continued SFT)", "baseline.sft=false"),
+        (cfg.algo.demo_coef > 0, f"algo.demo_coef={cfg.algo.demo_coef:g} (RL's demo anchor)", "algo.demo_coef=0"))
+        if on]
+    if uses and (cfg.task.checkpoint or cfg.task.env == "libero"):  # one error naming every fix (stage 11 has both)
+        raise UserError(f"{' and '.join(u for u, _ in uses)} train on the tiny warm start's demos, and "
+                        f"{'task.checkpoint' if cfg.task.checkpoint else 'task.env=libero'} has none "
+                        f"(task.env=arena or metaworld, no task.checkpoint); set {' '.join(f for _, f in uses)}")
     if cfg.baseline.sft and not (cfg.algo.eval_every and cfg.task.eval_states):
         raise UserError("baseline.sft=true is scored at RL's held-out evaluations: set algo.eval_every >= 1 and "
                         "task.eval_states >= 1")
