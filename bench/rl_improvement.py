@@ -67,6 +67,7 @@ from pi0.ript.objectives import OBJECTIVES, FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
 from pi0.ript.update import LR_SCHEDULES, OptimizerConfig, PolicyUpdate, lr_scale_at  # noqa: E402
+from pi0.utils.machine import machine  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
@@ -641,7 +642,7 @@ def main(argv: list[str] | None = None) -> dict:
               "paired": paired, "baseline": base, "rl_iterations": arms["rl"]["iterations"],
               "before_outcomes": before_out.astype(int).tolist(),
               "minutes": minutes, "arms": arms, "total_minutes": (time.perf_counter() - t_all) / 60,
-              "load_before": load0, "load_after": os.getloadavg(),
+              "load_before": load0, "load_after": os.getloadavg(), "machine": machine(),
               "goal_met": goal_met(cfg.env, cfg.minutes, before, after, diff["mean"], diff["se"])}
     (out / "rl_improvement.json").write_text(json.dumps(result, indent=1))
     if len(cfg.task) > 1:  # a task solved (or never solved) from the start hides in the mean

@@ -319,6 +319,14 @@ def test_rl_table_refuses_a_replayed_seed_and_untuned_runs(tmp_path):
     text = table_main([str(paths[0]), str(paths[1]), str(tmp_path / "e.json")])
     assert "arena task 4: 2 independent runs: mean RL − best baseline +0.375 ± 0.125" in text
     assert "arena task 1: 1 independent run: RL − best baseline -0.250" in text
+    # a table is one machine's runs: two recorded CPU models are refused, a report without one (older) is not
+    for name, seed, cpu in (("h", 5, "CPU A"), ("i", 6, "CPU B"), ("j", 7, "CPU A")):
+        rep = _report(seed, [1, 0], [0, 0])
+        rep["machine"] = {"cpu": cpu, "cores": 2}
+        (tmp_path / f"{name}.json").write_text(json.dumps(rep))
+    with pytest.raises(SystemExit, match="i.json ran on 'CPU B' and .*h.json on 'CPU A'"):
+        table_main([str(tmp_path / n) for n in ("h.json", "i.json")])
+    assert table_main([str(tmp_path / n) for n in ("h.json", "j.json", "a.json")]).count("| arena") == 3
     # the goal column judges each report by its env's goal at its budget: seed 1 (RL 1.0, +0.5 ± 0.289) is under 3 SE
     strong = _report(3, [1] * 40, [0] * 40)  # RL 1.0, +1.000 ± 0.000: met in 20 minutes per arm, not in 60
     (tmp_path / "f.json").write_text(json.dumps(strong))
@@ -395,3 +403,15 @@ def test_sde_gap_scores_each_policy_deterministically_paired_and_under_flow_sde(
         sde_gap.main(base + ["--policy", f"a={dirs[0]}", "--sde", "1.0:4:cps"])
     with pytest.raises(SystemExit, match="no model.safetensors"):
         sde_gap.main(base + ["--policy", f"a={tmp_path}"])
+
+
+def test_cpu_model_reads_the_model_name_and_falls_back(tmp_path):
+    from pi0.utils.machine import cpu_model, machine
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n\n"
+                    "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    assert cpu_model(info) == "Intel(R) Xeon(R) Processor"
+    assert cpu_model(tmp_path / "missing") not in ("", "Intel(R) Xeon(R) Processor")  # platform's answer instead
+    m = machine()
+    assert set(m) == {"cpu", "cores"} and m["cpu"] and m["cores"] >= 1
