@@ -38,6 +38,7 @@ from pi0.ript.update import OptimizerConfig, lr_scale_at
 from pi0.ript.utils.dist_utils import (DistInfo, DistributedStatsSynchronizer, barrier, cleanup_distributed,
                                        setup_distributed, shard_tasks_across_gpus)
 from pi0.ript.utils.fsdp import gathered, save_policy
+from pi0.utils.machine import machine
 
 
 def seed_everything(seed: int) -> None:
@@ -386,7 +387,8 @@ def _train(cfg: TrainConfig, info: DistInfo, resume: bool) -> list[dict[str, flo
             if cfg.logging.plot and curve:
                 plot_curve(curve, run_dir / "success.png", summary)
             if summary is not None:
-                summary["minutes"] = (time.perf_counter() - t_job) / 60
+                summary["minutes"] = (time.perf_counter() - t_job) / 60  # minutes are this machine's
+                summary["machine"] = machine()
                 (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
                 print(f"held-out success: before {summary['before']:.2f}, RL {summary['rl']:.2f}, continued SFT "
                       f"{summary['sft']:.2f} after {summary['train_minutes']:.1f} min side by side; RL - SFT "
