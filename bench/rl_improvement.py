@@ -67,10 +67,10 @@ from pi0.ript.objectives import OBJECTIVES, FlowMatchingObjective  # noqa: E402
 from pi0.ript.init_states import InitStateSampler  # noqa: E402
 from pi0.ript.trainer import RIPTTrainer, RLConfig  # noqa: E402
 from pi0.ript.update import LR_SCHEDULES, OptimizerConfig, PolicyUpdate, lr_scale_at  # noqa: E402
-from pi0.utils.machine import machine  # noqa: E402
 from pi0.ript.warm_start import (  # noqa: E402
     ENVS, Plateau, TinyArenaConfig, cached_warm_start, env_runner, evaluate_episodes, rft, sft)
 from pi0.utils.cli import parse_config  # noqa: E402
+from pi0.utils.machine import machine  # noqa: E402
 from rl_table import goal_met  # noqa: E402  (bench/: the goals the table judges by)
 
 ARMS = ("rl", "sft", "rft")

@@ -56,7 +56,7 @@ def test_sft_baseline_beside_rl_writes_paired_summary_and_plot(tmp_path):
 
 
 @pytest.mark.parametrize("override, words", [
-    (["baseline.sft=true", "task.env=libero"], r"baseline\.sft=true \(continued SFT\) train on the tiny warm start's "
+    (["baseline.sft=true", "task.env=libero"], r"baseline\.sft=true \(continued SFT\) trains on the tiny warm start's "
                                                r"demos, and task\.env=libero has none"),
     (["baseline.sft_lr=0"], "baseline.sft_lr=0"),
     (["baseline.sft_schedule=linear"], "baseline.sft_schedule='linear' is out of range; allowed: one of"),

@@ -36,7 +36,7 @@ def test_required_presets_are_bundled():
     (["algo.group_size=1"], ["algo.group_size", ">= 2"]),
     (["algo.p_uncond=1.5"], ["algo.p_uncond", "[0, 1]"]),
     (["algo.demo_coef=-1"], ["algo.demo_coef", ">= 0"]),
-    (["algo.demo_coef=1", "task.env=libero"], ["algo.demo_coef=1 (RL's demo anchor) train on the tiny warm start's "
+    (["algo.demo_coef=1", "task.env=libero"], ["algo.demo_coef=1 (RL's demo anchor) trains on the tiny warm start's "
                                                "demos, and task.env=libero has none", "set algo.demo_coef=0"]),
     (["task.task_ids=[7]"], ["task.task_ids", "0..4"]),
     (["task.checkpoint=/no/such/dir"], ["task.checkpoint", "does not exist"]),
@@ -69,7 +69,7 @@ def test_make_run_preset_with_a_checkpoint_names_every_demo_setting_in_one_error
         load_config("stage11_ript_vla", [f"task.checkpoint={tmp_path / 'ckpt'}"])
     msg = str(e.value)
     assert "\n" not in msg and msg.endswith("set baseline.sft=false algo.demo_coef=0"), msg
-    assert "baseline.sft=true (continued SFT) and algo.demo_coef=1 (RL's demo anchor)" in msg, msg
+    assert "baseline.sft=true (continued SFT) and algo.demo_coef=1 (RL's demo anchor) train on" in msg, msg
     cfg = load_config("stage11_ript_vla", [f"task.checkpoint={tmp_path / 'ckpt'}", "baseline.sft=false",
                                            "algo.demo_coef=0"])
     assert cfg.task.checkpoint and cfg.algo.demo_coef == 0

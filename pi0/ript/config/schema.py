@@ -315,7 +315,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.algo.demo_coef > 0, f"algo.demo_coef={cfg.algo.demo_coef:g} (RL's demo anchor)", "algo.demo_coef=0"))
         if on]
     if uses and (cfg.task.checkpoint or cfg.task.env == "libero"):  # one error naming every fix (stage 11 has both)
-        raise UserError(f"{' and '.join(u for u, _ in uses)} train on the tiny warm start's demos, and "
+        raise UserError(f"{' and '.join(u for u, _ in uses)} {'train' if len(uses) > 1 else 'trains'} on the tiny "
+                        f"warm start's demos, and "
                         f"{'task.checkpoint' if cfg.task.checkpoint else 'task.env=libero'} has none "
                         f"(task.env=arena or metaworld, no task.checkpoint); set {' '.join(f for _, f in uses)}")
     if cfg.baseline.sft and not (cfg.algo.eval_every and cfg.task.eval_states):
