@@ -51,15 +51,15 @@ def check_runs(reports: dict[str, dict], allow_untuned: bool = False) -> None:
     """One-line errors for a replayed seed, an untuned run, a report without paired outcomes, or runs of two CPU
     models (``machine``, where recorded)."""
     seen: dict[tuple, str] = {}
-    cpus: dict[str, str] = {}  # a report's minutes are its machine's: one table, one machine (older reports: unknown)
+    # a report's minutes are its machine's: one table, one machine (older reports record none)
+    first: tuple[str, str] | None = None  # (CPU model, path) of the first report that recorded its machine
     for path, rep in reports.items():
         cpu = rep.get("machine", {}).get("cpu")
-        if cpu and cpus and cpu not in cpus:
-            other, their = next(iter(cpus.items()))
-            raise SystemExit(f"error: {path} ran on {cpu!r} and {their} on {other!r}: the goal's minutes are one "
-                             f"machine's, so a table holds one machine's runs")
-        if cpu:
-            cpus.setdefault(cpu, path)
+        if cpu and first and cpu != first[0]:
+            raise SystemExit(f"error: {path} ran on {cpu!r} and {first[1]} on {first[0]!r}: the goal's minutes are "
+                             f"one machine's, so a table holds one machine's runs")
+        if cpu and first is None:
+            first = (cpu, path)
         if "paired" not in rep:
             raise SystemExit(f"error: {path}: no paired outcomes (a report of an older bench); rerun it")
         if not rep.get("tuned") and not allow_untuned:
