@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import random
+import resource
 import signal
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from pi0.rollout import (
     RolloutRunner,
     RunnerConfig,
     RunnerHooks,
+    StartupDeath,
     SubprocVecEnv,
     WorkerDied,
     WorkerTimeout,
@@ -38,6 +40,7 @@ from pi0.rollout import (
     make_env_with_retry,
 )
 from pi0.envs import CAMERA_KEYS as IMAGE_KEYS
+from pi0.rollout.subproc_vec_env import exit_description
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,8 +69,9 @@ class CrashingFactory:
     The main process writes the file when it wants the next (re)started workers to die during start-up.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, sig: int = signal.SIGKILL) -> None:
         self.path = path
+        self.sig = sig
 
     def __call__(self, **overrides):
         try:
@@ -76,7 +80,8 @@ class CrashingFactory:
             n = 0
         if n > 0:
             Path(self.path).write_text(str(n - 1))
-            os.kill(os.getpid(), signal.SIGKILL)  # dies in the middle of the worker's start-up
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a SIGABRT writes no core file
+            os.kill(os.getpid(), self.sig)  # dies in the middle of the worker's start-up
         return ARENA(**overrides)
 
 
@@ -194,6 +199,33 @@ def test_step_timeout_detects_hung_worker():
         assert vec.is_alive(0)
         vec.reset(0, task_id=0, init_state_id=0)
         assert vec.chunk(0, np.zeros((2, 7)), render="none")["n"] == 2
+
+
+def test_a_worker_that_aborts_during_its_first_start_is_started_again(tmp_path: Path, caplog):
+    """A worker process that dies in native code while building its env (SIGABRT, as a LIBERO worker once did in CI)
+    is started again, up to make_attempts processes, and the error after the last one names the signal."""
+    flag = tmp_path / "crash_next"
+    flag.write_text("2")
+    caplog.set_level(logging.WARNING, logger="pi0.rollout.subproc_vec_env")
+    with SubprocVecEnv(CrashingFactory(str(flag), signal.SIGABRT), 1, make_attempts=3, make_backoff=0.01) as vec:
+        assert vec.num_startup_restarts == 2 and vec.num_respawns == 0
+        assert vec.reset(0, task_id=1, init_state_id=0)["prompt"]
+    assert flag.read_text() == "0"
+    assert sum("died during start-up (killed by SIGABRT)" in m for m in caplog.messages) == 2
+    flag.write_text("3")
+    before = {c.pid for c in psutil.Process().children()}
+    with pytest.raises(StartupDeath, match=r"killed by SIGABRT\); 3 processes in all died during start-up"):
+        SubprocVecEnv(CrashingFactory(str(flag), signal.SIGABRT), 1, make_attempts=3, make_backoff=0.01)
+    assert flag.read_text() == "0"
+    assert {c.pid for c in psutil.Process().children()} <= before  # every dead worker was reaped
+    with pytest.raises(EnvCreationError, match="flaky"):  # a Python error is retried in the worker, not here
+        SubprocVecEnv(FlakyFactory(str(tmp_path / "f"), failures=5), 1, make_attempts=2, make_backoff=0.01)
+
+
+def test_exit_description_names_the_signal():
+    assert exit_description(-6) == "killed by SIGABRT" and exit_description(-9) == "killed by SIGKILL"
+    assert exit_description(1) == "exit code 1" and exit_description(None) == "still running"
+    assert exit_description(-200) == "killed by signal 200"
 
 
 def test_env_creation_retry_with_backoff(tmp_path: Path):

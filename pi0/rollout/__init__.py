@@ -10,7 +10,7 @@ import torch (workers stay light).
 from pi0.envs.conventions import EnvSpec
 from pi0.rollout.config import RunnerConfig, libero_runner_config, ript_vla_runner_config
 from pi0.rollout.env_server import EnvFactory, EnvOptions, call_with_backoff, make_env_with_retry
-from pi0.rollout.errors import EnvCreationError, RemoteEnvError, WorkerDied, WorkerError, WorkerTimeout
+from pi0.rollout.errors import EnvCreationError, RemoteEnvError, StartupDeath, WorkerDied, WorkerError, WorkerTimeout
 from pi0.rollout.policies import ArenaExpertPolicy, LatencyPolicy, RandomChunkPolicy, ZeroChunkPolicy
 from pi0.rollout.runner import RolloutError, RolloutRunner, RunnerHooks, make_vec_env
 from pi0.rollout.scheduler import GreedyScheduler, GroupedScheduler, make_requests
@@ -25,6 +25,7 @@ __all__ = [
     "ChunkPolicy",
     "DecisionPoint",
     "EnvCreationError",
+    "StartupDeath",
     "EnvFactory",
     "EnvOptions",
     "EnvSpec",

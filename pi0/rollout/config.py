@@ -36,7 +36,7 @@ class RunnerConfig:
     in_process: str = "serial"  # in-process backend: "serial" | "thread" | "asyncio" (the last two: I/O-bound envs)
     step_timeout: float = 120.0  # seconds without a reply before a worker counts as hung
     start_timeout: float = 600.0  # seconds to build an env in a (re)started worker
-    make_attempts: int = 3  # env creation / worker respawn attempts (exponential backoff)
+    make_attempts: int = 3  # env creation / worker respawn / first-start attempts (exponential backoff)
     make_backoff: float = 0.5  # first backoff in seconds (doubles each attempt)
     make_backoff_max: float = 30.0  # cap on the backoff
     recreate_every: int | None = None  # re-create each worker's env every N episodes

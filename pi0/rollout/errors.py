@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EnvCreationError", "RemoteEnvError", "WorkerDied", "WorkerError", "WorkerTimeout"]
+__all__ = ["EnvCreationError", "RemoteEnvError", "StartupDeath", "WorkerDied", "WorkerError", "WorkerTimeout"]
 
 
 class WorkerError(RuntimeError):
@@ -32,3 +32,7 @@ class RemoteEnvError(WorkerError):
 
 class EnvCreationError(WorkerError):
     """The env could not be created, even after all retries."""
+
+
+class StartupDeath(EnvCreationError):
+    """The worker process died before it reported its env built (a signal, or an abort in native code)."""

@@ -26,19 +26,35 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import logging
 import signal
 import sys
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from pi0.rollout.env_server import EnvFactory, EnvOptions, worker_main
-from pi0.rollout.errors import EnvCreationError, RemoteEnvError, WorkerDied, WorkerError, WorkerTimeout
+from pi0.rollout.errors import EnvCreationError, RemoteEnvError, StartupDeath, WorkerDied, WorkerError, WorkerTimeout
 from pi0.rollout.transport import recv_obj, send_obj
 from pi0.rollout.vec_env import VecEnvBase, check_env_factory
 
-__all__ = ["SubprocVecEnv"]
+__all__ = ["SubprocVecEnv", "exit_description"]
+
+log = logging.getLogger(__name__)
+
+
+def exit_description(exitcode: int | None) -> str:
+    """``-6`` -> ``"killed by SIGABRT"``, ``1`` -> ``"exit code 1"``, ``None`` -> ``"still running"``."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 @contextlib.contextmanager
@@ -193,13 +209,14 @@ class SubprocVecEnv(VecEnvBase):
         self.num_replies_received = 0  # reply messages read from the pipes (a batched reply counts once)
         self._workers: list[_Worker | None] = [None] * self.num_workers
         self.num_respawns = 0
+        self.num_startup_restarts = 0  # workers started again because their first process died during start-up
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
         try:
             for p in range(self.num_workers):
                 self._workers[p] = self._start(p)
             for p in range(self.num_workers):
-                self._await_ready(p)
+                self._await_first_start(p)
         except BaseException:
             self.close()
             raise
@@ -216,6 +233,26 @@ class SubprocVecEnv(VecEnvBase):
         child.close()  # essential: otherwise the worker's death never shows up as EOF here
         return _Worker(index, proc, parent)
 
+    def _await_first_start(self, index: int) -> None:
+        """Wait for worker ``index``; a process that dies during start-up is started again, ``make_attempts`` in all.
+
+        A Python error while building the env is already retried inside the worker; this covers a process that dies
+        outright (an abort in native rendering code, the OOM killer) before its env is built.
+        """
+        o = self.env_options
+        for k in range(o.make_attempts):
+            try:
+                return self._await_ready(index)
+            except StartupDeath as exc:
+                if k + 1 >= o.make_attempts:
+                    raise StartupDeath(f"{exc}; {o.make_attempts} processes in all died during start-up "
+                                       f"(make_attempts={o.make_attempts})", exc.index, exc.pid) from exc
+                log.warning("%s; starting it again (%d/%d)", exc, k + 2, o.make_attempts)
+                _reap(self._workers[index], graceful=False, timeout=5.0)
+                time.sleep(min(o.make_backoff * (2 ** k), o.make_backoff_max))
+                self._workers[index] = self._start(index)
+                self.num_startup_restarts += 1
+
     def _await_ready(self, index: int) -> None:
         """Wait for worker ``index``'s ready message (env built) or raise EnvCreationError."""
         w = self._workers[index]
@@ -227,8 +264,8 @@ class SubprocVecEnv(VecEnvBase):
         except (EOFError, OSError) as exc:
             w.broken = True
             w.process.join(1.0)  # EOF: it is exiting; reap it so that its exit code can be reported
-            raise EnvCreationError(f"env worker {index} died during start-up (exit code "
-                                   f"{w.process.exitcode})", index, w.pid) from exc
+            raise StartupDeath(f"env worker {index} died during start-up ({exit_description(w.process.exitcode)})",
+                               index, w.pid) from exc
         except EnvCreationError:
             w.broken = True
             raise
