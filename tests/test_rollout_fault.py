@@ -40,7 +40,7 @@ from pi0.rollout import (
     make_env_with_retry,
 )
 from pi0.envs import CAMERA_KEYS as IMAGE_KEYS
-from pi0.rollout.subproc_vec_env import exit_description
+from pi0.rollout.subproc_vec_env import exit_description, fault_summary
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -201,6 +201,26 @@ def test_step_timeout_detects_hung_worker():
         assert vec.chunk(0, np.zeros((2, 7)), render="none")["n"] == 2
 
 
+def test_a_worker_that_aborts_mid_run_is_reported_with_its_signal_and_python_frame():
+    """A native abort while serving (SIGABRT) fails its env with the signal and where the worker's Python was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))  # the worker inherits it: its abort writes no core file
+    try:
+        vec = SubprocVecEnv(ARENA, 1, step_timeout=30)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+    with vec:
+        old = vec.worker_pids()[0]
+        vec.reset(0, task_id=0, init_state_id=0)
+        vec.kill(0, signal.SIGABRT)
+        with pytest.raises(WorkerDied, match=r"killed by SIGABRT\).*; Fatal Python error: Aborted at File "
+                                             r"\".+\", line \d+ in \w+"):
+            vec.chunk_async(0, np.zeros((5, 7)))
+            vec.recv(0)
+        vec.respawn(0)
+        assert vec.worker_pids()[0] != old and vec.reset(0, task_id=0, init_state_id=0)["obs"] is not None
+
+
 def test_a_worker_that_aborts_during_its_first_start_is_started_again(tmp_path: Path, caplog):
     """A worker process that dies in native code while building its env (SIGABRT, as a LIBERO worker once did in CI)
     is started again, up to make_attempts processes, and the error after the last one names the signal."""
@@ -211,15 +231,26 @@ def test_a_worker_that_aborts_during_its_first_start_is_started_again(tmp_path: 
         assert vec.num_startup_restarts == 2 and vec.num_respawns == 0
         assert vec.reset(0, task_id=1, init_state_id=0)["prompt"]
     assert flag.read_text() == "0"
-    assert sum("died during start-up (killed by SIGABRT)" in m for m in caplog.messages) == 2
+    assert sum("died during start-up (killed by SIGABRT); Fatal Python error: Aborted at File" in m
+               and "test_rollout_fault.py" in m and "in __call__" in m for m in caplog.messages) == 2
     flag.write_text("3")
     before = {c.pid for c in psutil.Process().children()}
-    with pytest.raises(StartupDeath, match=r"killed by SIGABRT\); 3 processes in all died during start-up"):
+    with pytest.raises(StartupDeath, match=r"killed by SIGABRT\); Fatal Python error: Aborted at File .+; "
+                                           r"3 processes in all died during start-up"):
         SubprocVecEnv(CrashingFactory(str(flag), signal.SIGABRT), 1, make_attempts=3, make_backoff=0.01)
     assert flag.read_text() == "0"
     assert {c.pid for c in psutil.Process().children()} <= before  # every dead worker was reaped
     with pytest.raises(EnvCreationError, match="flaky"):  # a Python error is retried in the worker, not here
         SubprocVecEnv(FlakyFactory(str(tmp_path / "f"), failures=5), 1, make_attempts=2, make_backoff=0.01)
+
+
+def test_fault_summary_keeps_the_error_and_the_innermost_frame():
+    dump = ('Fatal Python error: Aborted\n\nCurrent thread 0x00007f3a (most recent call first):\n'
+            '  File "/x/egl.py", line 12 in init\n  File "/x/env.py", line 40 in __init__\n\n'
+            'Extension modules: numpy.core._multiarray_umath (total: 1)\n')
+    assert fault_summary(dump) == 'Fatal Python error: Aborted at File "/x/egl.py", line 12 in init'
+    assert fault_summary("") == ""
+    assert fault_summary("Fatal Python error: Segmentation fault\n") == "Fatal Python error: Segmentation fault"
 
 
 def test_exit_description_names_the_signal():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import inspect
 import multiprocessing.connection as mpc
 import os
@@ -307,7 +308,11 @@ def _close_all(servers: list["EnvServer"]) -> None:
             s.close()
 
 
-def worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: list[dict], options: EnvOptions) -> None:
+_FAULT_FILE: Any = None  # the worker's fault-handler file, open for the process's lifetime
+
+
+def worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: list[dict], options: EnvOptions,
+                fault_log: str | None = None) -> None:
     """Entry point of a worker process: build its envs (one per ``overrides`` entry), serve batches until close/EOF.
 
     Protocol: the worker sends ``("ready", [describe() per env])`` (or ``("error", traceback)``), then
@@ -315,7 +320,11 @@ def worker_main(conn: mpc.Connection, factory: EnvFactory, overrides: list[dict]
     ``("batch", [(kind, result), ...])`` reply (``kind`` "ok" or "error" per command, so an env error
     fails only its own command). ``("close", None)`` closes the envs and ends the worker.
     """
+    global _FAULT_FILE
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns Ctrl-C and shuts us down
+    if fault_log:  # a native crash (SIGABRT, SIGSEGV) leaves the Python stack here for the parent's error message
+        _FAULT_FILE = open(fault_log, "w")  # noqa: SIM115 - must stay open until the process ends
+        faulthandler.enable(file=_FAULT_FILE)
     servers: list[EnvServer] = []
     try:
         for o in overrides:

@@ -23,12 +23,14 @@ Design
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
-import logging
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import weakref
 from collections import deque
@@ -40,7 +42,7 @@ from pi0.rollout.errors import EnvCreationError, RemoteEnvError, StartupDeath, W
 from pi0.rollout.transport import recv_obj, send_obj
 from pi0.rollout.vec_env import VecEnvBase, check_env_factory
 
-__all__ = ["SubprocVecEnv", "exit_description"]
+__all__ = ["SubprocVecEnv", "exit_description", "fault_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,18 @@ def exit_description(exitcode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def fault_summary(dump: str) -> str:
+    """The error and innermost Python frame of a ``faulthandler`` dump ("" if it holds none).
+
+    ``'Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n  File "a.py", line 3 in f\n...'``
+    -> ``'Fatal Python error: Aborted at File "a.py", line 3 in f'``.
+    """
+    lines = [ln.strip() for ln in dump.splitlines()]
+    error = next((ln for ln in lines if ln.startswith("Fatal Python error")), "")
+    frame = next((ln for ln in lines if ln.startswith('File "')), "")
+    return f"{error} at {frame}" if error and frame else error or frame
 
 
 @contextlib.contextmanager
@@ -120,8 +134,8 @@ def _reap(worker: _Worker, graceful: bool, timeout: float) -> None:
         pass  # still running (should not happen after SIGKILL + join)
 
 
-def _shutdown(workers: list[_Worker | None], timeout: float = 5.0) -> None:
-    """Stop and reap every worker in ``workers`` (used by close() and the GC finalizer)."""
+def _shutdown(workers: list[_Worker | None], timeout: float = 5.0, fault_dir: str | None = None) -> None:
+    """Stop and reap every worker in ``workers`` (used by close() and the GC finalizer); remove ``fault_dir``."""
     for w in workers:  # ask everyone first so they exit in parallel
         if w is not None and not w.broken and w.process.is_alive():
             try:
@@ -138,6 +152,8 @@ def _shutdown(workers: list[_Worker | None], timeout: float = 5.0) -> None:
                 pass
             _reap(w, graceful=False, timeout=timeout)
             workers[i] = None
+    if fault_dir:
+        shutil.rmtree(fault_dir, ignore_errors=True)
 
 
 class SubprocVecEnv(VecEnvBase):
@@ -211,7 +227,9 @@ class SubprocVecEnv(VecEnvBase):
         self.num_respawns = 0
         self.num_startup_restarts = 0  # workers started again because their first process died during start-up
         self._closed = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+        # one fault-handler file per worker: a native crash's Python stack goes into the start-up error
+        self._fault_dir = tempfile.mkdtemp(prefix="pi0-env-faults-")
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, fault_dir=self._fault_dir)
         try:
             for p in range(self.num_workers):
                 self._workers[p] = self._start(p)
@@ -226,12 +244,28 @@ class SubprocVecEnv(VecEnvBase):
         """Start worker process ``index`` (does not wait for its env(s))."""
         parent, child = self._ctx.Pipe(duplex=True)
         overrides = [self._overrides[j] for j in self._proc_envs[index]]
-        proc = self._ctx.Process(target=worker_main, args=(child, self.env_factory, overrides, self.env_options),
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._fault_log(index))  # a dump of the process this one replaces is not this one's
+        proc = self._ctx.Process(target=worker_main, args=(child, self.env_factory, overrides, self.env_options,
+                                                           self._fault_log(index)),
                                  name=f"pi0-env-worker-{index}", daemon=True)
         with main_module_hidden(self.env_factory):
             proc.start()
         child.close()  # essential: otherwise the worker's death never shows up as EOF here
         return _Worker(index, proc, parent)
+
+    def _fault_log(self, index: int) -> str:
+        """Path of worker ``index``'s fault-handler file."""
+        return os.path.join(self._fault_dir, f"worker{index}.txt")
+
+    def _fault_of(self, index: int) -> str:
+        """``"; <error> at <frame>"`` from worker ``index``'s fault-handler file, or "" if it wrote none."""
+        try:
+            with open(self._fault_log(index)) as f:
+                summary = fault_summary(f.read())
+        except OSError:
+            return ""
+        return f"; {summary}" if summary else ""
 
     def _await_first_start(self, index: int) -> None:
         """Wait for worker ``index``; a process that dies during start-up is started again, ``make_attempts`` in all.
@@ -264,8 +298,8 @@ class SubprocVecEnv(VecEnvBase):
         except (EOFError, OSError) as exc:
             w.broken = True
             w.process.join(1.0)  # EOF: it is exiting; reap it so that its exit code can be reported
-            raise StartupDeath(f"env worker {index} died during start-up ({exit_description(w.process.exitcode)})",
-                               index, w.pid) from exc
+            raise StartupDeath(f"env worker {index} died during start-up ({exit_description(w.process.exitcode)})"
+                               f"{self._fault_of(index)}", index, w.pid) from exc
         except EnvCreationError:
             w.broken = True
             raise
@@ -426,10 +460,12 @@ class SubprocVecEnv(VecEnvBase):
             if cls is WorkerDied:
                 w.process.join(0.2)  # EOF: it is exiting; reap it so that its exit code can be reported
         code = w.process.exitcode if w is not None else None
+        fault = self._fault_of(p) if code is not None else ""
         for j in self._proc_envs[p]:
             kind = cls if self._npending[j] > 0 else WorkerDied
             if self._dead[j] is None or self._npending[j] > 0:
-                self._dead[j] = kind(f"env {j}: worker process {p} (pid {pid}, exit code {code}) {what}", j, pid)
+                self._dead[j] = kind(f"env {j}: worker process {p} (pid {pid}, {exit_description(code)}) {what}{fault}",
+                                     j, pid)
             self._replies[j].clear()
             self._npending[j] = 0
         self._outbox[p] = []
@@ -526,5 +562,5 @@ class SubprocVecEnv(VecEnvBase):
         if self._closed:
             return
         self._closed = True
-        _shutdown(self._workers, timeout)
+        _shutdown(self._workers, timeout, fault_dir=self._fault_dir)
         self._finalizer.detach()
