@@ -11,11 +11,14 @@ Design
 * Failures are typed (:mod:`pi0.rollout.errors`): :class:`WorkerDied` (EOF / broken pipe / process
   gone), :class:`WorkerTimeout` (no reply within ``step_timeout``: a hung worker, e.g.
   SIGSTOPped), :class:`RemoteEnvError` (the env raised; traceback included),
-  :class:`EnvCreationError`. After a process failure its envs are *broken* until
+  :class:`EnvCreationError` (:class:`StartupDeath`: the process died before its env was built). Each worker runs
+  ``faulthandler`` into a file of its own, so a worker killed by a signal is reported with the signal's name and, for
+  a native crash, the Python line it was on. After a process failure its envs are *broken* until
   :meth:`SubprocVecEnv.respawn` kills (SIGKILL), reaps and restarts the process. The caller (the
   runner) re-runs the interrupted episodes.
 * Env creation is retried in the worker with exponential backoff (``make_attempts``,
-  ``make_backoff``); optionally the env is re-created every ``recreate_every`` episodes (resets).
+  ``make_backoff``); a worker process that dies during its first start is started again, ``make_attempts``
+  processes in all. Optionally the env is re-created every ``recreate_every`` episodes (resets).
 * ``close()`` is idempotent and reaps every process (no zombies); it also runs at garbage
   collection / interpreter exit.
 """
