@@ -34,13 +34,12 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from pi0.rollout.env_server import EnvFactory, EnvOptions, worker_main
+from pi0.rollout.env_server import EnvFactory, EnvOptions, call_with_backoff, worker_main
 from pi0.rollout.errors import EnvCreationError, RemoteEnvError, StartupDeath, WorkerDied, WorkerError, WorkerTimeout
 from pi0.rollout.transport import recv_obj, send_obj
 from pi0.rollout.vec_env import VecEnvBase, check_env_factory
@@ -277,18 +276,27 @@ class SubprocVecEnv(VecEnvBase):
         outright (an abort in native rendering code, the OOM killer) before its env is built.
         """
         o = self.env_options
-        for k in range(o.make_attempts):
-            try:
-                return self._await_ready(index)
-            except StartupDeath as exc:
-                if k + 1 >= o.make_attempts:
-                    raise StartupDeath(f"{exc}; {o.make_attempts} processes in all died during start-up "
-                                       f"(make_attempts={o.make_attempts})", exc.index, exc.pid) from exc
-                log.warning("%s; starting it again (%d/%d)", exc, k + 2, o.make_attempts)
+        tries = 0
+
+        def attempt() -> None:
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # the previous process died: reap it and start another in its place
                 _reap(self._workers[index], graceful=False, timeout=5.0)
-                time.sleep(min(o.make_backoff * (2 ** k), o.make_backoff_max))
                 self._workers[index] = self._start(index)
                 self.num_startup_restarts += 1
+            try:
+                self._await_ready(index)
+            except StartupDeath as exc:
+                if tries < o.make_attempts:
+                    log.warning("%s; starting it again (%d/%d)", exc, tries + 1, o.make_attempts)
+                raise
+
+        try:
+            call_with_backoff(attempt, o.make_attempts, o.make_backoff, o.make_backoff_max, retry_on=StartupDeath)
+        except StartupDeath as exc:
+            raise StartupDeath(f"{exc}; {o.make_attempts} processes in all died during start-up "
+                               f"(make_attempts={o.make_attempts})", exc.index, exc.pid) from exc
 
     def _await_ready(self, index: int) -> None:
         """Wait for worker ``index``'s ready message (env built) or raise EnvCreationError."""
