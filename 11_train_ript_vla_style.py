@@ -8,7 +8,7 @@ runs/<run_name>/: TensorBoard logs, curve.json, success.png, rollout videos, che
 This is `make run`: a tiny pi0 SFT'd to a converged few-shot plateau on the arena (cached under runs/cache), then
 LOOP (algo.objective=ppo, with the flow-matching loss on the start's demos added to each minibatch: algo.demo_coef)
 and continued SFT from it side by side (baseline.sft, pi0.ript.sft_baseline), both scored on the same held-out
-episodes: success.png with both curves and summary.json. About 10 minutes on 2 CPU cores. With task.checkpoint (no
+episodes: success.png with both curves and summary.json. About 14 minutes on 2 CPU cores. With task.checkpoint (no
 demos), set algo.demo_coef=0.
 
     .venv/bin/python 11_train_ript_vla_style.py                      # = make run

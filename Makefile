@@ -37,7 +37,7 @@ $(SYSSTAMP): | $(VENV)/bin/python
 	touch $@
 
 # The main job: stage 11's default preset trains a converged tiny pi0 start on the arena, then RL and continued SFT
-# side by side (CPU, about 10 minutes on 2 cores) -> runs/stage11_ript_vla/ (success.png, summary.json, TensorBoard,
+# side by side (CPU, about 14 minutes on 2 cores) -> runs/stage11_ript_vla/ (success.png, summary.json, TensorBoard,
 # videos, checkpoints, config.yaml). Overrides: RUN_ARGS="k=v ..."
 run: install
 	$(VPY) 11_train_ript_vla_style.py $(RUN_ARGS)

@@ -8,7 +8,7 @@ states (by default the next 300), disjoint from its training states, the start's
 states, which no tuning job builds. Each arm's choice is its entry with the best final success on those states (ties:
 the earlier entry). The JSON keeps every point's curve, the paired difference to the start, and each job's log.
 
-    .venv/bin/python bench/make_run_tune.py                                   # the default grid (about 25 minutes)
+    .venv/bin/python bench/make_run_tune.py                                   # the default grid (about 45 minutes on Intel)
     .venv/bin/python bench/make_run_tune.py --rl algo.opt.lr=1e-5 algo.opt.lr=1e-4 \
         --sft baseline.sft_lr=1e-4 baseline.sft_lr=1e-3 -- task.warm_start_seed=1 algo.seed=1
 
@@ -37,8 +37,13 @@ from pi0.evaluation.paired import rate_se  # noqa: E402
 from pi0.ript.config.schema import TrainConfig, load_config  # noqa: E402
 
 STAGE = REPO / "11_train_ript_vla_style.py"
-RL_GRID = ["algo.opt.lr=1e-5", "algo.opt.lr=3e-5", "algo.opt.lr=1e-4", "algo.opt.lr=3e-5,lr_schedule=cosine"]
-SFT_GRID = ["baseline.sft_lr=1e-4", "baseline.sft_lr=3e-4", "baseline.sft_lr=1e-3",
+# the thirty-seventh session's grid (bench/results/make_run/session37_tune200_s0.json); each entry names its schedule,
+# so that it does not inherit the preset's
+RL_GRID = ["algo.opt.lr=3e-5,lr_schedule=constant", "algo.opt.lr=1e-4,lr_schedule=constant",
+           "algo.opt.lr=1e-5,lr_schedule=constant", "algo.opt.lr=1e-4,lr_schedule=cosine"]
+SFT_GRID = ["baseline.sft_lr=1e-3,baseline.sft_schedule=constant",
+            "baseline.sft_lr=3e-4,baseline.sft_schedule=constant",
+            "baseline.sft_lr=1e-4,baseline.sft_schedule=constant",
             "baseline.sft_lr=3e-4,baseline.sft_schedule=cosine"]
 FIXED = ("algo.seed", "algo.iterations", "algo.eval_every", "algo.eval_repeats", "baseline.sft")  # not tunable
 
