@@ -8,7 +8,7 @@ states (by default the next 300), disjoint from its training states, the start's
 states, which no tuning job builds. Each arm's choice is its entry with the best final success on those states (ties:
 the earlier entry). The JSON keeps every point's curve, the paired difference to the start, and each job's log.
 
-    .venv/bin/python bench/make_run_tune.py                                   # the default grid (about 45 minutes on Intel)
+    .venv/bin/python bench/make_run_tune.py                                   # the default grid (about 45 min on Intel)
     .venv/bin/python bench/make_run_tune.py --rl algo.opt.lr=1e-5 algo.opt.lr=1e-4 \
         --sft baseline.sft_lr=1e-4 baseline.sft_lr=1e-3 -- task.warm_start_seed=1 algo.seed=1
 
